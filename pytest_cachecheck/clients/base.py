@@ -1,0 +1,217 @@
+"""The client interface, the reply record and the HTTP layer shared by every server kind.
+
+Nothing here knows about pytest. Every failure becomes :class:`RequestError` with the server's status
+and message; secrets never reach an error text (the URL is kept without credentials).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Tuple
+
+import requests
+
+from ..errors import RequestError
+from ..redact import Redactor, display_url, split_credentials
+
+
+@dataclass
+class Reply:
+    """One chat completion as the plugin needs it."""
+
+    content: str
+    finish_reason: Optional[str]
+    prompt_tokens: Optional[int]
+    completion_tokens: Optional[int]
+    cached_tokens: Optional[int]  # None = the server did not report it (unknown, never 0)
+    tokens: Optional[List[str]] = None  # answer token pieces, where the server gave them
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "content": self.content,
+            "finish_reason": self.finish_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "cached_tokens": self.cached_tokens,
+        }
+
+
+@dataclass
+class ServerInfo:
+    """What the server says about itself."""
+
+    kind: str  # llama.cpp | vllm | sglang | openai
+    build: Optional[str] = None
+    model: Optional[str] = None
+    models: List[str] = field(default_factory=list)
+    details: Dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {"kind": self.kind, "build": self.build, "model": self.model, "details": self.details}
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+class Http:
+    """A small JSON-over-HTTP session for one server."""
+
+    def __init__(self, url: str, *, api_key: Optional[str] = None, timeout: float = 300.0,
+                 redactor: Optional[Redactor] = None) -> None:
+        clean, creds = split_credentials(url)
+        self.base = clean.rstrip("/")
+        self.shown = display_url(url)
+        self.timeout = timeout
+        self.redactor = redactor or Redactor()
+        self.redactor.add(api_key)
+        self.redactor.add_url(url)
+        self.session = requests.Session()
+        self.session.trust_env = False  # a loopback staging server must not go through a proxy
+        if creds and not api_key:  # an explicit API key wins the Authorization header
+            self.session.auth = creds
+        if api_key:
+            self.session.headers["Authorization"] = f"Bearer {api_key}"
+
+    def close(self) -> None:
+        self.session.close()
+
+    def _fail(self, where: str, message: str, status: Optional[int] = None) -> RequestError:
+        return RequestError(self.redactor.scrub(message), status=status, where=where)
+
+    def request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
+                *, timeout: Optional[float] = None, expect_json: bool = True) -> Tuple[int, Any]:
+        """Send a request; return (status, parsed body). Raises RequestError for transport problems.
+
+        HTTP error statuses are returned, not raised, so callers can probe optional endpoints;
+        :meth:`post` raises on them.
+        """
+        where = f"{method} {path}"
+        url = self.base + path
+        limit = timeout if timeout is not None else self.timeout
+        try:
+            resp = self.session.request(method, url, json=body, timeout=(min(10.0, limit), limit))
+            text = resp.text
+        except requests.exceptions.Timeout:
+            raise self._fail(where, f"{where} to {self.shown}: no answer within {limit:g} s "
+                                    f"(--cachecheck-timeout)") from None
+        except requests.exceptions.ConnectionError as exc:
+            reason = _connection_reason(exc)
+            raise self._fail(where, f"{where} to {self.shown}: connection failed ({reason})") from None
+        except requests.exceptions.RequestException as exc:
+            raise self._fail(where, f"{where} to {self.shown}: {type(exc).__name__}: {exc}") from None
+        if not expect_json:
+            return resp.status_code, text
+        try:
+            data = json.loads(text) if text.strip() else None
+        except ValueError:
+            data = _NotJson(text)
+        return resp.status_code, data
+
+    def get(self, path: str, *, timeout: Optional[float] = None) -> Tuple[int, Any]:
+        return self.request("GET", path, timeout=timeout)
+
+    def post(self, path: str, body: Dict[str, Any]) -> Dict[str, Any]:
+        """POST JSON and return the JSON object; any HTTP error or malformed body raises RequestError."""
+        where = f"POST {path}"
+        status, data = self.request("POST", path, body)
+        if status >= 400:
+            raise self._fail(where, f"{where} to {self.shown}: HTTP {status}: {_error_message(data)}", status)
+        if isinstance(data, _NotJson):
+            raise self._fail(where, f"{where} to {self.shown}: HTTP {status} but the body is not JSON "
+                                    f"({_short(data.text, 120)!r})", status)
+        if not isinstance(data, dict):
+            raise self._fail(where, f"{where} to {self.shown}: HTTP {status} but the body is not a JSON "
+                                    f"object", status)
+        return data
+
+
+class _NotJson:
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+
+def _error_message(data: Any) -> str:
+    if isinstance(data, _NotJson):
+        return _short(data.text) or "(empty body)"
+    if isinstance(data, dict):
+        err = data.get("error", data)
+        if isinstance(err, dict):
+            msg = err.get("message") or err.get("detail") or err.get("msg")
+            if msg:
+                return _short(str(msg))
+        elif isinstance(err, str):
+            return _short(err)
+        if data.get("message"):
+            return _short(str(data["message"]))
+    return _short(json.dumps(data)) if data is not None else "(empty body)"
+
+
+def _connection_reason(exc: Exception) -> str:
+    text = str(exc)
+    for needle, reason in (("Connection refused", "connection refused"),
+                           ("RemoteDisconnected", "the server closed the connection without answering"),
+                           ("Connection reset", "connection reset by the server"),
+                           ("IncompleteRead", "the body was cut short"),
+                           ("Name or service not known", "host name not known"),
+                           ("ProtocolError", "the server broke the HTTP protocol")):
+        if needle in text:
+            return reason
+    return _short(text, 160)
+
+
+REPORTING_FLAGS = {
+    "vllm": "vLLM: --enable-prompt-tokens-details",
+    "sglang": "SGLang: --enable-cache-report",
+    "openai": "vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report",
+    "llama.cpp": "llama-server reports timings.cache_n always: is this a stock llama-server?",
+}
+
+
+class ChatClient:
+    """One server. Subclasses build the request body and read the counters of their server kind."""
+
+    kind = "openai"
+
+    def __init__(self, http: Http, info: ServerInfo) -> None:
+        self.http = http
+        self.info = info
+
+    @property
+    def reporting_flag(self) -> str:
+        """The server flag that turns cached-token reporting on, named when the counter is missing."""
+        return REPORTING_FLAGS.get(self.info.kind, REPORTING_FLAGS["openai"])
+
+    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int,
+             cache: Dict[str, Any]) -> Reply:
+        """One greedy, non-streamed chat completion. ``cache`` holds the mode's cache fields."""
+        raise NotImplementedError
+
+    def token_pieces(self, text: str) -> Optional[List[str]]:
+        """The text as the server's tokens, where the server can say; else None."""
+        return None
+
+    @staticmethod
+    def parse_choice(data: Dict[str, Any], where: str) -> Tuple[str, Optional[str], Dict[str, Any]]:
+        choices = data.get("choices")
+        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+            raise RequestError(f"{where}: the response has no choices", where=where)
+        message = choices[0].get("message")
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            raise RequestError(f"{where}: the response has no message content", where=where)
+        usage = data.get("usage")
+        if not isinstance(usage, dict):
+            raise RequestError(f"{where}: the response has no usage counts", where=where)
+        return message["content"], choices[0].get("finish_reason"), usage
+
+
+def int_or_none(value: Any) -> Optional[int]:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None

@@ -1,0 +1,49 @@
+"""OpenAI-compatible servers (vLLM, SGLang, others): ``/v1/chat/completions`` with ``cache_salt``.
+
+The hit counter is ``usage.prompt_tokens_details.cached_tokens``; vLLM reports it only with
+``--enable-prompt-tokens-details`` and SGLang only with ``--enable-cache-report``. A missing counter is
+unknown, never 0, except on SGLang with reporting on (its ``/server_info`` says so), which leaves
+``prompt_tokens_details`` null when nothing was reused.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+from ..errors import RequestError
+from .base import ChatClient, Reply, int_or_none
+
+class OpenAICompatClient(ChatClient):
+    kind = "openai"
+
+    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int, cache: Dict[str, Any]) -> Reply:
+        body: Dict[str, Any] = {
+            "model": self.info.model,
+            "messages": messages,
+            "temperature": 0,
+            "top_p": 1,
+            "n": 1,
+            "max_tokens": max_tokens,
+            "stream": False,
+        }
+        if self.info.kind in ("vllm", "sglang"):
+            # a model's generation_config may carry a repetition penalty that acts even at temperature 0
+            body["repetition_penalty"] = 1.0
+        body.update(cache)
+        where = f"POST /v1/chat/completions to {self.http.shown}"
+        data = self.http.post("/v1/chat/completions", body)
+        content, finish, usage = self.parse_choice(data, where)
+        details = usage.get("prompt_tokens_details")
+        cached = int_or_none(details.get("cached_tokens")) if isinstance(details, dict) else None
+        if cached is None and details is None and self.info.kind == "sglang" \
+                and self.info.details.get("enable_cache_report") is True:
+            # SGLang leaves prompt_tokens_details null when the hit is 0, even with --enable-cache-report
+            cached = 0
+        prompt = int_or_none(usage.get("prompt_tokens"))
+        completion = int_or_none(usage.get("completion_tokens"))
+        if prompt is None or completion is None:
+            raise RequestError(f"{where}: usage lacks prompt_tokens or completion_tokens", where=where)
+        return Reply(content, finish, prompt, completion, cached)
+
+    def token_pieces(self, text: str) -> Optional[List[str]]:
+        return None

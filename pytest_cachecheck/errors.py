@@ -1,0 +1,29 @@
+"""The project's own exceptions; the plugin maps them to pytest outcomes."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+
+class CachecheckError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(CachecheckError):
+    """A bad or conflicting setting; the plugin turns it into ``pytest.UsageError``."""
+
+
+class RequestError(CachecheckError):
+    """A request to a server failed: refused, timed out, an HTTP error or a malformed body.
+
+    Never a divergence: the probe that sent it is an error.
+    """
+
+    def __init__(self, message: str, *, status: Optional[int] = None, where: str = "") -> None:
+        super().__init__(message)
+        self.status = status
+        self.where = where
+
+
+class ServerSetupError(CachecheckError):
+    """The server cannot be measured as configured (no model, counters not reported, ...)."""

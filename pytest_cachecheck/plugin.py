@@ -1,0 +1,362 @@
+"""pytest glue: options, probe items, fixtures, the session summary and the JSON report.
+
+Everything that measures lives in plain modules (``protocol``, ``clients``, ``report``); this module only
+maps it onto pytest. State lives on ``config.stash``; the reporter is registered on the controller only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from . import _items
+from .errors import ConfigError, RequestError, ServerSetupError
+from .probes import Probe, ProbeFileError, builtin_probes, load_probes, parse_probe, probe_set_fingerprint
+from .protocol import ERROR, ProbeResult, Runner
+from .redact import Redactor
+from .report import Tally, build_report, divergence_line, judge, rate_line, recompute_reuse_cause, \
+    result_block, write_json_atomic
+from .settings import OPTIONS, Settings, lookup, reproduce_args, resolve
+
+RECORD = "cachecheck"  # user_properties key of a probe record
+CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check() record
+XDIST_GROUP = "cachecheck"
+
+
+class _State:
+    def __init__(self, settings: Settings, probes: List[Probe], probe_set: Dict[str, Any]) -> None:
+        self.settings = settings
+        self.probes = probes
+        self.probe_set = probe_set
+        self.redactor = Redactor()
+        self.runner = Runner(settings, self.redactor)
+
+
+STATE = pytest.StashKey[Optional[_State]]()
+
+
+# -- options ----------------------------------------------------------------------------------------
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("cachecheck", "prompt-cache divergence (pytest-cachecheck)")
+    for spec in OPTIONS:
+        dest = "cachecheck_" + spec.name
+        text = spec.help + (f" [env {spec.env}]" if spec.env else "") + f" [ini {spec.ini}]"
+        if spec.kind == "bool":
+            group.addoption(spec.flag, action="store_true", dest=dest, default=False, help=text)
+            parser.addini(spec.ini, spec.help, type="bool", default=False)
+        elif spec.kind == "list":
+            group.addoption(spec.flag, action="append", dest=dest, default=None, metavar=spec.metavar,
+                            help=text)
+            parser.addini(spec.ini, spec.help, type="linelist", default=[])
+        else:
+            group.addoption(spec.flag, action="store", dest=dest, default=None, metavar=spec.metavar,
+                            help=text)
+            parser.addini(spec.ini, spec.help, default="")
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "cachecheck: a prompt-cache divergence probe (pytest-cachecheck)")
+    config.stash[STATE] = None
+    try:
+        raw = lookup(lambda n: config.getoption("cachecheck_" + n),
+                     lambda n: config.getini("cachecheck_" + n), os.environ)
+        settings = resolve(raw, base_dir=Path(config.invocation_params.dir))
+    except ConfigError as exc:
+        raise pytest.UsageError(f"cachecheck: {exc}") from None
+    if settings is None:
+        return
+    try:
+        probes = load_probes(settings.probe_files) if settings.probe_files else builtin_probes()
+    except ProbeFileError as exc:
+        raise pytest.UsageError(f"cachecheck: bad probe file: {exc}") from None
+    if settings.n is not None:
+        probes = probes[: settings.n]
+    name = "builtin" if not settings.probe_files else "+".join(Path(p).name for p in settings.probe_files)
+    probe_set = {"name": name, "count": len(probes), "fingerprint": probe_set_fingerprint(probes)}
+    _check_xdist(config)
+    state = _State(settings, probes, probe_set)
+    config.stash[STATE] = state
+    if not _is_worker(config):
+        config.pluginmanager.register(Reporter(config, state), "cachecheck-reporter")
+
+
+def _check_xdist(config: pytest.Config) -> None:
+    """All probes against one server must run in one worker: parallel requests batch and change answers."""
+    if _is_worker(config):
+        # workers re-parse the command line; the controller tells them about the switch below
+        if config.workerinput.get("cachecheck_dist") == "loadgroup":  # type: ignore[attr-defined]
+            config.option.loadgroup = True
+        return
+    dist = getattr(config.option, "dist", "no")
+    if dist in (None, "no"):
+        return
+    if dist == "load":
+        # loadgroup distributes ungrouped tests exactly as load does and keeps our xdist_group together
+        config.option.dist = "loadgroup"
+    elif dist not in ("loadgroup", "loadfile", "loadscope"):
+        raise pytest.UsageError(
+            f"cachecheck: --dist {dist} would send probes to one server from several workers at once, "
+            f"which batches requests and changes answers; use --dist loadgroup (the default with -n is "
+            f"switched to it) or loadfile/loadscope")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    if node.config.stash.get(STATE, None) is not None:
+        node.workerinput["cachecheck_dist"] = node.config.option.dist
+
+
+def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
+    state = config.stash.get(STATE, None)
+    if state is None:
+        return None
+    s = state.settings
+    try:
+        target = state.runner.target()
+        server = target.cache.info
+        how = " (auto-detected)" if s.mode == "auto" else ""
+        desc = (f"cachecheck: mode {target.mode}{how} | server {server.kind} {server.build or ''} | "
+                f"model {server.model or '?'}")
+    except (RequestError, ServerSetupError) as exc:
+        desc = f"cachecheck: mode {s.mode} | server not usable: {exc}"
+    lines = [state.redactor.scrub(desc),
+             f"cachecheck: {len(state.probes)} probes ({state.probe_set['name']}) | max_tokens {s.max_tokens} "
+             f"| hit_tolerance {s.hit_tolerance}",
+             "cachecheck: reproduce with: pytest " + state.redactor.scrub(
+                 " ".join(reproduce_args(s, len(state.probes))))]
+    return lines
+
+
+# -- items ------------------------------------------------------------------------------------------
+class _ProbeModule(pytest.Module):
+    """The plugin's own module of probe items; only its ``probe`` function is collected."""
+
+    def funcnamefilter(self, name: str) -> bool:
+        return name == "probe"
+
+    def classnamefilter(self, name: str) -> bool:
+        return False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
+                                  items: List[pytest.Item]) -> None:
+    if config.stash.get(STATE, None) is None:
+        return
+    module = _ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid="cachecheck",
+                                      name="cachecheck")
+    new = [i for i in module.collect() if isinstance(i, pytest.Item)]
+    for item in new:
+        item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
+    config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None, new))
+    items.extend(new)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if metafunc.function is not _items.probe:
+        return
+    state = metafunc.config.stash.get(STATE, None)
+    probes = state.probes if state is not None else []
+    metafunc.parametrize("cachecheck_probe", probes, ids=[p.id for p in probes])
+
+
+# -- fixtures ---------------------------------------------------------------------------------------
+def _record(result: ProbeResult, state: _State) -> Dict[str, Any]:
+    record = result.to_dict()
+    target = state.runner._target
+    if target is not None:
+        record["run"] = target.describe()
+    return record
+
+
+@pytest.fixture
+def cachecheck_probe_result(request: pytest.FixtureRequest, cachecheck_probe: Probe) -> ProbeResult:
+    """Measure the item's probe (six requests); a failed request errors the item here, in setup."""
+    state = request.config.stash[STATE]
+    assert state is not None
+    result = state.runner.run(cachecheck_probe)
+    request.node.user_properties.append((RECORD, _record(result, state)))
+    if result.outcome == ERROR:
+        pytest.fail(f"cachecheck: {result.reason}", pytrace=False)
+    return result
+
+
+class CacheCheck:
+    """What the ``cachecheck`` fixture gives a test: run your own probe and assert on the result."""
+
+    def __init__(self, state: _State, node: pytest.Item) -> None:
+        self._state = state
+        self._node = node
+
+    @property
+    def settings(self) -> Settings:
+        return self._state.settings
+
+    def check(self, turn1: Optional[str] = None, turn2: Optional[str] = None, *,
+              messages: Optional[List[Dict[str, str]]] = None, followup: Optional[str] = None,
+              id: Optional[str] = None) -> ProbeResult:
+        """Measure one conversation; returns a ProbeResult (.same, .different, .valid, .reason, answers).
+
+        Raises ValueError for a malformed conversation and RequestError when a request fails.
+        """
+        obj: Dict[str, Any] = {}
+        if messages is not None or followup is not None:
+            obj.update({"messages": messages, "followup": followup})
+        if turn1 is not None or turn2 is not None:
+            obj.update({"turn1": turn1, "turn2": turn2})
+        if id is not None:
+            obj["id"] = id
+        probe = parse_probe(obj, path=f"cachecheck.check() in {self._node.nodeid}", line=1,
+                            default_id=self._node.name)
+        result = self._state.runner.run(probe)
+        record = _record(result, self._state)
+        record["test"] = self._node.nodeid
+        self._node.user_properties.append((CHECK_RECORD, record))
+        if result.outcome == ERROR:
+            raise RequestError(result.reason)
+        return result
+
+
+@pytest.fixture
+def cachecheck(request: pytest.FixtureRequest) -> CacheCheck:
+    """Run your own prompt-cache checks: ``cachecheck.check(turn1=..., turn2=...)``."""
+    state = request.config.stash.get(STATE, None)
+    if state is None:
+        pytest.skip("cachecheck: no server given (--cachecheck-url, ini cachecheck_url or CACHECHECK_URL)")
+    return CacheCheck(state, request.node)
+
+
+# -- JSON report metadata ---------------------------------------------------------------------------
+@pytest.hookimpl(optionalhook=True)
+def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> Optional[Dict[str, Any]]:
+    if call.when != "call" and call.when != "setup":
+        return None
+    for name, value in getattr(item, "user_properties", []):
+        if name == RECORD:
+            return {"cachecheck": {"id": value["id"], "outcome": value["outcome"], "reason": value["reason"]}}
+    return None
+
+
+# -- the controller's reporter ----------------------------------------------------------------------
+def _escaped(probe_id: str) -> str:
+    # how pytest shows a parametrize id in node ids
+    return probe_id.encode("unicode_escape").decode("ascii")
+
+
+class Reporter:
+    """Collects probe records (also from xdist workers), then writes the summary and the JSON report."""
+
+    def __init__(self, config: pytest.Config, state: _State) -> None:
+        self.config = config
+        self.state = state
+        self.records: Dict[str, Dict[str, Any]] = {}
+        self.checks: List[Dict[str, Any]] = []
+        self.selected: Optional[List[str]] = None
+        self.verdict_lines: List[str] = []
+        self.report_error: Optional[str] = None
+
+    def _select_by_names(self, names: List[str]) -> None:
+        by_escaped = {_escaped(p.id): p.id for p in self.state.probes}
+        self.selected = [by_escaped[n] for n in names if n in by_escaped]
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        ids = []
+        for item in session.items:
+            callspec = getattr(item, "callspec", None)
+            if callspec is not None and isinstance(callspec.params.get("cachecheck_probe"), Probe):
+                ids.append(callspec.params["cachecheck_probe"].id)
+        self.selected = ids
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: List[str]) -> None:
+        if self.selected is not None:
+            return
+        names = []
+        for nodeid in ids:
+            if nodeid.startswith("cachecheck::probe["):
+                name = nodeid[len("cachecheck::probe["):]
+                name = name.rsplit("@", 1)[0] if "@" in name else name
+                names.append(name[:-1] if name.endswith("]") else name)
+        self._select_by_names(names)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        for name, value in report.user_properties:
+            if name == RECORD and isinstance(value, dict):
+                self.records[value["id"]] = value
+            elif name == CHECK_RECORD and isinstance(value, dict) and report.when == "call":
+                self.checks.append(value)
+
+    def _ordered(self) -> List[Dict[str, Any]]:
+        order = {p.id: i for i, p in enumerate(self.state.probes)}
+        return sorted(self.records.values(), key=lambda r: order.get(r["id"], len(order)))
+
+    def _run_info(self, records: List[Dict[str, Any]]) -> Dict[str, Any]:
+        run: Dict[str, Any] = {"settings": self.state.settings.public(), "probe_set": self.state.probe_set,
+                               "mode": None, "server": None, "nocache_server": None}
+        described = next((r["run"] for r in records if r.get("run")), None)
+        if described is None and self.state.runner._target is not None:
+            described = self.state.runner._target.describe()
+        if described:
+            run.update(described)
+        return run
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        records = self._ordered()
+        interrupted = int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)
+        tally = Tally.of(records)
+        verdict = judge(tally, self.state.settings.min_valid, interrupted)
+        if not verdict.ok and int(session.exitstatus) == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        run = self._run_info(records)
+        self.run, self.tally, self.verdict = run, tally, verdict
+        if self.state.settings.report:
+            selected = self.selected if self.selected is not None else [p.id for p in self.state.probes]
+            data = build_report(run, records, selected, verdict, int(session.exitstatus))
+            if self.checks:
+                data["checks"] = self.checks
+            try:
+                write_json_atomic(self.state.settings.report, data, self.state.redactor.scrub)
+            except OSError as exc:
+                self.report_error = f"{self.state.settings.report}: {exc}"
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        tally = getattr(self, "tally", None)
+        if tally is None:
+            return
+        tr = terminalreporter
+        scrub = self.state.redactor.scrub
+        tr.write_sep("=", "cachecheck summary")
+        if tally.probes == 0:
+            tr.write_line("cachecheck: no probe ran")
+        else:
+            tr.write_line(f"probes: {tally.probes} | valid: {tally.valid} (same {tally.same}, different "
+                          f"{tally.different}) | inconclusive: {tally.inconclusive} | errors: {tally.errors}")
+            tr.write_line(divergence_line(tally), bold=True, red=bool(tally.different))
+            rate = rate_line(tally)
+            if rate:
+                tr.write_line(rate)
+            cause = recompute_reuse_cause(self._ordered(), self.run.get("mode"))
+            if cause:
+                tr.write_line("cause: " + cause, yellow=True)
+            status = "PASS" if self.verdict.ok else "FAIL"
+            tr.write_line(f"cachecheck verdict: {status} ({self.verdict.status}): {scrub(self.verdict.why)}",
+                          green=self.verdict.ok, red=not self.verdict.ok)
+            tr.write_sep("-", "cachecheck result (to share: no URL, key or conversation text)")
+            for line in result_block(tally, self.run):
+                tr.write_line(scrub(line))
+        if self.state.settings.report:
+            if self.report_error:
+                tr.write_line(f"cachecheck: could not write the JSON report: {scrub(self.report_error)}",
+                              red=True)
+            else:
+                tr.write_line(f"cachecheck: JSON report written to {self.state.settings.report}")
+

@@ -1,0 +1,175 @@
+"""Session summary, exit verdict, the shareable result block and the JSON report.
+
+Works on plain per-probe records (the dicts of :meth:`ProbeResult.to_dict`), so the controller of an
+xdist run can aggregate what its workers measured.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+from . import __version__
+
+SCHEMA_VERSION = 1
+
+
+@dataclass
+class Tally:
+    probes: int = 0
+    same: int = 0
+    different: int = 0
+    inconclusive: int = 0
+    errors: int = 0
+
+    @property
+    def valid(self) -> int:
+        return self.same + self.different
+
+    @classmethod
+    def of(cls, records: Sequence[Mapping[str, Any]]) -> "Tally":
+        t = cls(probes=len(records))
+        for r in records:
+            if r["outcome"] == "same":
+                t.same += 1
+            elif r["outcome"] == "different":
+                t.different += 1
+            elif r["outcome"] == "inconclusive":
+                t.inconclusive += 1
+            else:
+                t.errors += 1
+        return t
+
+    def to_dict(self) -> Dict[str, int]:
+        return {"probes": self.probes, "valid": self.valid, "same": self.same, "different": self.different,
+                "inconclusive": self.inconclusive, "errors": self.errors}
+
+
+def wilson(k: int, n: int, z: float = 1.959964) -> Optional[Tuple[float, float]]:
+    """95% Wilson score interval for k successes of n."""
+    if n <= 0:
+        return None
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+@dataclass
+class Verdict:
+    status: str  # passed | diverged | errors | too-few-valid | interrupted | no-probes
+    ok: bool
+    why: str
+
+
+def judge(t: Tally, min_valid: float, interrupted: bool = False) -> Verdict:
+    if interrupted:
+        return Verdict("interrupted", False, "the run was interrupted; the report holds what was measured")
+    if t.probes == 0:
+        return Verdict("no-probes", True, "no probe ran")
+    if t.different:
+        return Verdict("diverged", False, f"{t.different} valid probe(s) gave a different turn-2 answer")
+    if t.errors:
+        return Verdict("errors", False, f"{t.errors} probe(s) failed with a request or server error")
+    if t.valid < min_valid * t.probes:
+        return Verdict("too-few-valid", False,
+                       f"only {t.valid} of {t.probes} probes were valid, fewer than --cachecheck-min-valid "
+                       f"{min_valid:g} requires; see the inconclusive reasons")
+    return Verdict("passed", True, "no valid probe differed")
+
+
+def divergence_line(t: Tally) -> str:
+    return f"{t.different} of {t.valid} valid probes gave a different turn-2 answer on the cache path."
+
+
+def rate_line(t: Tally) -> Optional[str]:
+    ci = wilson(t.different, t.valid)
+    if ci is None:
+        return None
+    return (f"divergence rate {t.different / t.valid:.1%} (95% Wilson interval {ci[0]:.1%} to {ci[1]:.1%}, "
+            f"{t.valid} valid probes)")
+
+
+def recompute_reuse_cause(records: Sequence[Mapping[str, Any]], mode: Optional[str]) -> Optional[str]:
+    """When the recompute path reused cached tokens on every measured probe, name the likely causes."""
+    measured = [r for r in records if r["outcome"] != "error" and "recompute_reused" in r.get("checks", {})]
+    if not measured or not all(r["checks"]["recompute_reused"] for r in measured):
+        return None
+    causes = {
+        "one-server": "the server ignores cache_salt (a build or fork without salt support); use "
+                      "two-servers mode with a second server that has prefix caching off",
+        "two-servers": "both URLs reach the same server (a proxy or port forward answering for the second "
+                       "port), or the nocache server was started with prefix caching on",
+        "llama.cpp": "the server ignores cache_prompt: false (not a stock llama-server?)",
+    }
+    return ("the recompute path reused cached tokens on every probe: likely "
+            + causes.get(mode or "", "the server does not honour the cache controls"))
+
+
+def result_block(t: Tally, run: Mapping[str, Any]) -> List[str]:
+    """Lines meant for sharing: counts and settings, no URL, no key, no conversation text."""
+    server = run.get("server") or {}
+    s = run.get("settings") or {}
+    lines = [
+        f"pytest-cachecheck {__version__} | mode {run.get('mode') or '?'} | server {server.get('kind') or '?'}"
+        f" {server.get('build') or ''}".rstrip() + f" | model {server.get('model') or '?'}",
+        f"probe set {run.get('probe_set', {}).get('name', '?')} ({run.get('probe_set', {}).get('fingerprint', '?')[:19]})"
+        f" | max_tokens {s.get('max_tokens')} | hit_tolerance {s.get('hit_tolerance')}"
+        + (" | skip_hit_check" if s.get("skip_hit_check") else ""),
+        f"probes {t.probes} | valid {t.valid} | same {t.same} | different {t.different} | "
+        f"inconclusive {t.inconclusive} | errors {t.errors}",
+        divergence_line(t),
+    ]
+    rate = rate_line(t)
+    if rate:
+        lines.append(rate)
+    return lines
+
+
+def build_report(run: Mapping[str, Any], records: Sequence[Mapping[str, Any]], selected: Sequence[str],
+                 verdict: Verdict, exit_status: Optional[int]) -> Dict[str, Any]:
+    t = Tally.of(records)
+    ci = wilson(t.different, t.valid)
+    done = {r["id"] for r in records}
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "tool": {"name": "pytest-cachecheck", "version": __version__},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **{k: run.get(k) for k in ("settings", "mode", "server", "nocache_server", "probe_set")},
+        "summary": {
+            **t.to_dict(),
+            "rate": (t.different / t.valid) if t.valid else None,
+            "rate_ci95": list(ci) if ci else None,
+            "status": verdict.status,
+            "why": verdict.why,
+            "exit_status": exit_status,
+            "not_run": [pid for pid in selected if pid not in done],
+            "recompute_reuse_cause": recompute_reuse_cause(records, run.get("mode")),
+        },
+        "probes": list(records),
+    }
+
+
+def write_json_atomic(path: str, data: Mapping[str, Any], scrub: Any = None) -> None:
+    """Write JSON to a temporary file beside ``path``, then rename it into place."""
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    if scrub is not None:
+        text = scrub(text)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".cachecheck-", suffix=".json.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

@@ -1,0 +1,286 @@
+"""Run settings: one frozen dataclass, resolved once from command line, ini file and environment.
+
+Precedence: command line, then ini key, then environment variable (where one exists), then default.
+Every bad or conflicting value raises :class:`ConfigError` naming the option, the value and what is
+allowed; the plugin turns that into ``pytest.UsageError`` before any request is sent.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from urllib.parse import urlsplit
+
+from .errors import ConfigError
+from .redact import display_url
+
+MODES = ("auto", "llama.cpp", "one-server", "two-servers")
+DEFAULT_MAX_TOKENS = 256
+DEFAULT_TOLERANCE = 32
+DEFAULT_TIMEOUT = 300.0
+DEFAULT_MIN_VALID = 0.8
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One setting: its command-line flag, ini key, environment variable and help text."""
+
+    name: str
+    flag: str
+    help: str
+    env: Optional[str] = None
+    kind: str = "str"  # str | bool | list
+    metavar: Optional[str] = None
+
+    @property
+    def ini(self) -> str:
+        return "cachecheck_" + self.name
+
+
+OPTIONS: Tuple[OptionSpec, ...] = (
+    OptionSpec("url", "--cachecheck-url", "the server under test; turns the plugin on", "CACHECHECK_URL",
+               metavar="URL"),
+    OptionSpec("mode", "--cachecheck-mode",
+               "auto (default), llama.cpp, one-server or two-servers", metavar="MODE"),
+    OptionSpec("nocache_url", "--cachecheck-nocache-url",
+               "the server with prefix caching off (two-servers mode)", metavar="URL"),
+    OptionSpec("model", "--cachecheck-model",
+               "model name for OpenAI-compatible servers (default: the only one /v1/models lists)",
+               metavar="NAME"),
+    OptionSpec("probes", "--cachecheck-probes",
+               "JSONL or JSON-array probe file; may be given more than once (default: the 20 built-in "
+               "conversations)", kind="list", metavar="PATH"),
+    OptionSpec("n", "--cachecheck-n", "run only the first N probes", metavar="N"),
+    OptionSpec("max_tokens", "--cachecheck-max-tokens", f"answer length in tokens (default {DEFAULT_MAX_TOKENS})",
+               metavar="N"),
+    OptionSpec("hit_tolerance", "--cachecheck-hit-tolerance",
+               f"how many tokens short of turn-1 prompt + answer a cache hit may be (default "
+               f"{DEFAULT_TOLERANCE})", metavar="N"),
+    OptionSpec("skip_hit_check", "--cachecheck-skip-hit-check",
+               "do not require a cache hit on the cache path: the both-caches-off control in two-servers "
+               "mode", kind="bool"),
+    OptionSpec("report", "--cachecheck-report", "write the JSON report to PATH", metavar="PATH"),
+    OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server",
+               "CACHECHECK_API_KEY", metavar="KEY"),
+    OptionSpec("timeout", "--cachecheck-timeout",
+               f"seconds per request (default {DEFAULT_TIMEOUT:g})", metavar="SECONDS"),
+    OptionSpec("min_valid", "--cachecheck-min-valid",
+               f"fraction of probes that must be valid for a pass (default {DEFAULT_MIN_VALID})",
+               metavar="FRACTION"),
+)
+SPECS: Dict[str, OptionSpec] = {o.name: o for o in OPTIONS}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything a run needs, validated. The API key is kept out of ``repr``."""
+
+    url: str
+    mode: str = "auto"
+    nocache_url: Optional[str] = None
+    model: Optional[str] = None
+    probe_files: Tuple[str, ...] = ()
+    n: Optional[int] = None
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    hit_tolerance: int = DEFAULT_TOLERANCE
+    skip_hit_check: bool = False
+    report: Optional[str] = None
+    api_key: Optional[str] = field(default=None, repr=False)
+    timeout: float = DEFAULT_TIMEOUT
+    min_valid: float = DEFAULT_MIN_VALID
+
+    def public(self) -> Dict[str, Any]:
+        """The settings as they may appear in a report: URLs without credentials, never the key."""
+        return {
+            "url": display_url(self.url),
+            "mode": self.mode,
+            "nocache_url": display_url(self.nocache_url) if self.nocache_url else None,
+            "model": self.model,
+            "probe_files": list(self.probe_files),
+            "n": self.n,
+            "max_tokens": self.max_tokens,
+            "hit_tolerance": self.hit_tolerance,
+            "skip_hit_check": self.skip_hit_check,
+            "api_key_set": self.api_key is not None,
+            "timeout": self.timeout,
+            "min_valid": self.min_valid,
+        }
+
+
+Getter = Callable[[str], Any]
+
+
+def _bad(name: str, value: Any, allowed: str) -> ConfigError:
+    spec = SPECS[name]
+    shown = display_url(str(value)) if name in ("url", "nocache_url") else value
+    if name == "api_key":
+        shown = "***"
+    return ConfigError(f"{spec.flag} (ini {spec.ini}): {shown!r} is not allowed; expected {allowed}")
+
+
+def _url(name: str, value: str) -> str:
+    parts = urlsplit(value.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise _bad(name, value, "an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080")
+    try:
+        parts.port
+    except ValueError:
+        raise _bad(name, value, "a URL whose port is a number from 1 to 65535") from None
+    if parts.fragment:
+        raise _bad(name, value, "a URL without a #fragment")
+    return value.strip().rstrip("/")
+
+
+def _int(name: str, value: Any, low: int, high: int) -> int:
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise _bad(name, value, f"a whole number from {low} to {high}") from None
+    if not low <= number <= high:
+        raise _bad(name, value, f"a whole number from {low} to {high}")
+    return number
+
+
+def _float(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:
+    try:
+        number = float(str(value).strip())
+    except ValueError:
+        number = math.nan
+    ok = math.isfinite(number) and (number > low if low_open else number >= low) and number <= high
+    if not ok:
+        bound = f"greater than {low:g}" if low_open else f"at least {low:g}"
+        raise _bad(name, value, f"a number {bound} and at most {high:g}")
+    return number
+
+
+def _bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise _bad(name, value, "true or false")
+
+
+def _writable_report(value: str, base: Path) -> str:
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        path = base / path
+    if path.is_dir():
+        raise _bad("report", value, "a file path, not a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        raise _bad("report", value, f"a path in an existing directory ({parent} does not exist)")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".cachecheck-", dir=str(parent))
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise _bad("report", value, f"a path in a writable directory ({parent}: {exc.strerror})") from None
+    return str(path)
+
+
+def lookup(cli: Getter, ini: Getter, env: Mapping[str, str]) -> Dict[str, Any]:
+    """Raw values by precedence: command line, ini, environment. ``None`` where nothing was given."""
+    raw: Dict[str, Any] = {}
+    for spec in OPTIONS:
+        value = cli(spec.name)
+        if value in (None, [], False):
+            value = ini(spec.name)
+            if isinstance(value, str) and value.strip() == "":
+                value = None
+            if value in ([], False):
+                value = None
+        if value is None and spec.env:
+            value = env.get(spec.env) or None
+        raw[spec.name] = value
+    return raw
+
+
+def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
+    """Validate raw values into :class:`Settings`; ``None`` when no URL is given (the plugin stays off)."""
+    url = raw.get("url")
+    if url is None:
+        for name in ("nocache_url",):
+            if raw.get(name):
+                raise ConfigError(f"{SPECS[name].flag}: needs --cachecheck-url (ini cachecheck_url, "
+                                  f"env CACHECHECK_URL), the server under test")
+        return None
+    url = _url("url", str(url))
+    mode = str(raw.get("mode") or "auto").strip()
+    if mode not in MODES:
+        raise _bad("mode", mode, "one of " + ", ".join(MODES))
+    nocache = raw.get("nocache_url")
+    nocache_url = _url("nocache_url", str(nocache)) if nocache else None
+    if nocache_url and mode in ("llama.cpp", "one-server"):
+        raise ConfigError(f"--cachecheck-nocache-url is for two-servers mode; it conflicts with "
+                          f"--cachecheck-mode {mode}")
+    if mode == "auto" and nocache_url:
+        mode = "two-servers"
+    if mode == "two-servers" and not nocache_url:
+        raise ConfigError("--cachecheck-mode two-servers needs --cachecheck-nocache-url, the server with "
+                          "prefix caching off")
+    if nocache_url and nocache_url == url:
+        raise ConfigError("--cachecheck-nocache-url is the same URL as --cachecheck-url; two-servers mode "
+                          "needs a second server started with prefix caching off")
+    skip = _bool("skip_hit_check", raw.get("skip_hit_check") or False)
+    if skip and mode != "two-servers":
+        raise ConfigError(f"--cachecheck-skip-hit-check is only for the both-caches-off control in "
+                          f"two-servers mode (give --cachecheck-nocache-url); the mode here is {mode}")
+    model = raw.get("model")
+    if model is not None and not str(model).strip():
+        raise _bad("model", model, "a non-empty model name")
+    files = raw.get("probes") or ()
+    if isinstance(files, str):
+        files = files.split()
+    probe_files = []
+    for f in files:
+        p = Path(str(f)).expanduser()
+        probe_files.append(str(p if p.is_absolute() else base_dir / p))
+    n = raw.get("n")
+    report = raw.get("report")
+    api_key = raw.get("api_key")
+    return Settings(
+        url=url,
+        mode=mode,
+        nocache_url=nocache_url,
+        model=str(model).strip() if model is not None else None,
+        probe_files=tuple(probe_files),
+        n=_int("n", n, 1, 1_000_000) if n is not None else None,
+        max_tokens=_int("max_tokens", raw["max_tokens"], 1, 131072)
+        if raw.get("max_tokens") is not None else DEFAULT_MAX_TOKENS,
+        hit_tolerance=_int("hit_tolerance", raw["hit_tolerance"], 0, 1_000_000)
+        if raw.get("hit_tolerance") is not None else DEFAULT_TOLERANCE,
+        skip_hit_check=skip,
+        report=_writable_report(str(report), base_dir) if report else None,
+        api_key=str(api_key) if api_key else None,
+        timeout=_float("timeout", raw["timeout"], 0.0, 86400.0, low_open=True)
+        if raw.get("timeout") is not None else DEFAULT_TIMEOUT,
+        min_valid=_float("min_valid", raw["min_valid"], 0.0, 1.0)
+        if raw.get("min_valid") is not None else DEFAULT_MIN_VALID,
+    )
+
+
+def reproduce_args(settings: Settings, probe_count: int) -> Sequence[str]:
+    """Command-line flags that reproduce this run, without secrets."""
+    args = [f"--cachecheck-url={display_url(settings.url)}", f"--cachecheck-mode={settings.mode}"]
+    if settings.nocache_url:
+        args.append(f"--cachecheck-nocache-url={display_url(settings.nocache_url)}")
+    if settings.model:
+        args.append(f"--cachecheck-model={settings.model}")
+    args += [f"--cachecheck-probes={p}" for p in settings.probe_files]
+    if settings.n is not None:
+        args.append(f"--cachecheck-n={settings.n}")
+    if settings.max_tokens != DEFAULT_MAX_TOKENS:
+        args.append(f"--cachecheck-max-tokens={settings.max_tokens}")
+    if settings.hit_tolerance != DEFAULT_TOLERANCE:
+        args.append(f"--cachecheck-hit-tolerance={settings.hit_tolerance}")
+    if settings.skip_hit_check:
+        args.append("--cachecheck-skip-hit-check")
+    return args

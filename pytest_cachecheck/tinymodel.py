@@ -1,0 +1,372 @@
+"""Write tiny random-weight GGUF models that llama-server can serve in the end-to-end tests.
+
+The model is a 2-layer ``qwen2`` transformer (embedding width 128, 4 query heads, 2 KV heads of
+width 32, FFN 256, context 4096) that reuses the complete tokenizer (every ``tokenizer.*`` entry,
+including ``tokenizer.chat_template``) of llama.cpp's ``models/ggml-vocab-qwen2.gguf``.
+
+Its weights are random but shaped so that greedy answers are usable for prompt-cache checks:
+
+* ``output.bias`` gives every token a hugely negative logit except a set of whole lowercase words
+  (a leading space ``Ġ`` plus 2-8 ASCII letters, e.g. ``" house"``, each verified to be its own BPE
+  encoding) and the end-of-turn token ``<|im_end|>``.  An answer is therefore text like
+  ``" pen river stone"`` that re-tokenizes to exactly the generated tokens, so a turn-2 prompt that
+  replays the answer can reuse the KV cache all the way through it.
+* The output rows are anti-aligned with the token embeddings, which discourages repeating recent
+  words, and ``<|im_end|>`` has a tuned bias so that many answers stop well before 256 tokens.
+
+Everything is derived from ``seed`` with numpy's PCG64 generator, so the same arguments always give
+byte-identical files.  Requires the ``gguf`` and ``numpy`` packages (the ``test``/``demo`` extras).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+FTYPES: Tuple[str, ...] = ("f32", "f16", "q8_0", "q4_0")
+"""Supported values of ``ftype``."""
+
+ALLOWED_WORD_PATTERN = re.compile("^\u0120[a-z]{2,8}$")
+"""Byte-level BPE spelling of the word tokens the model may emit (``Ġ`` is the encoded space)."""
+
+END_OF_TURN = "<|im_end|>"
+
+
+@dataclass(frozen=True)
+class TinyModelConfig:
+    """Hyper-parameters of the tiny qwen2 model."""
+
+    n_layer: int = 2
+    n_embd: int = 128
+    n_head: int = 4
+    n_head_kv: int = 2
+    n_ff: int = 256
+    n_ctx: int = 4096
+    rope_freq_base: float = 10000.0
+    rms_eps: float = 1e-6
+    # weight shaping (see module docstring)
+    logit_scale: float = 4.0
+    """Standard deviation of the allowed tokens' logits before the anti-repetition term."""
+    anti_repeat: float = 3.0
+    """How strongly output rows point away from their own token embedding."""
+    end_bias: float = 9.0
+    """Extra logit of ``<|im_end|>``; higher means shorter answers."""
+    attn_gain: float = 2.0
+    """Scale of the query/key projections; higher means sharper, more position-dependent attention."""
+    disallowed_logit: float = -10000.0
+    """Bias of every token that is not an allowed word or ``<|im_end|>``."""
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+# ---------------------------------------------------------------------------------------------
+# minimal GGUF metadata reader (gguf.GGUFReader needs ~10-20 s for a 150k-token vocabulary)
+# ---------------------------------------------------------------------------------------------
+
+_SCALAR_FORMATS: Dict[int, str] = {
+    0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d",
+}
+_NUMPY_DTYPES: Dict[int, str] = {
+    0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4", 7: "<u1", 10: "<u8", 11: "<i8",
+    12: "<f8",
+}
+_STRING = 8
+_ARRAY = 9
+
+
+@dataclass(frozen=True)
+class GGUFValue:
+    """A metadata value: its GGUF value type, element type for arrays, and the Python value."""
+
+    vtype: int
+    value: Any
+    sub_type: Optional[int] = None
+
+
+def _read_exact(fh: BinaryIO, n: int) -> bytes:
+    data = fh.read(n)
+    if len(data) != n:
+        raise ValueError("truncated GGUF file")
+    return data
+
+
+def _read_string(fh: BinaryIO) -> str:
+    (n,) = struct.unpack("<Q", _read_exact(fh, 8))
+    return _read_exact(fh, n).decode("utf-8")
+
+
+def _read_value(fh: BinaryIO, vtype: int) -> GGUFValue:
+    if vtype == _STRING:
+        return GGUFValue(vtype, _read_string(fh))
+    if vtype == _ARRAY:
+        sub, n = struct.unpack("<IQ", _read_exact(fh, 12))
+        if sub == _STRING:
+            return GGUFValue(vtype, [_read_string(fh) for _ in range(n)], sub)
+        if sub in _NUMPY_DTYPES:
+            dtype = np.dtype(_NUMPY_DTYPES[sub])
+            arr = np.frombuffer(_read_exact(fh, n * dtype.itemsize), dtype=dtype)
+            values: List[Any] = [bool(v) for v in arr] if sub == 7 else arr.tolist()
+            return GGUFValue(vtype, values, sub)
+        raise ValueError("unsupported GGUF array element type %d" % sub)
+    if vtype in _SCALAR_FORMATS:
+        fmt = _SCALAR_FORMATS[vtype]
+        (val,) = struct.unpack(fmt, _read_exact(fh, struct.calcsize(fmt)))
+        return GGUFValue(vtype, val)
+    raise ValueError("unsupported GGUF value type %d" % vtype)
+
+
+def read_gguf_metadata(path: "os.PathLike[str] | str") -> Dict[str, GGUFValue]:
+    """Read the key/value metadata of a GGUF file (version 2 or 3) without its tensors."""
+    with open(str(path), "rb") as fh:
+        if _read_exact(fh, 4) != b"GGUF":
+            raise ValueError("%s is not a GGUF file" % path)
+        (version,) = struct.unpack("<I", _read_exact(fh, 4))
+        if version < 2:
+            raise ValueError("GGUF version %d is not supported" % version)
+        _n_tensors, n_kv = struct.unpack("<QQ", _read_exact(fh, 16))
+        out: Dict[str, GGUFValue] = {}
+        for _ in range(n_kv):
+            key = _read_string(fh)
+            (vtype,) = struct.unpack("<I", _read_exact(fh, 4))
+            out[key] = _read_value(fh, vtype)
+        return out
+
+
+def read_gguf_tensor_infos(path: "os.PathLike[str] | str") -> Dict[str, Tuple[Tuple[int, ...], int]]:
+    """Names of the tensors in a GGUF file with their shape (GGUF order, fastest first) and
+    ``GGMLQuantizationType`` number."""
+    with open(str(path), "rb") as fh:
+        if _read_exact(fh, 4) != b"GGUF":
+            raise ValueError("%s is not a GGUF file" % path)
+        _version, n_tensors, n_kv = struct.unpack("<IQQ", _read_exact(fh, 20))
+        for _ in range(n_kv):
+            _read_string(fh)
+            (vtype,) = struct.unpack("<I", _read_exact(fh, 4))
+            _read_value(fh, vtype)
+        infos: Dict[str, Tuple[Tuple[int, ...], int]] = {}
+        for _ in range(n_tensors):
+            name = _read_string(fh)
+            (n_dims,) = struct.unpack("<I", _read_exact(fh, 4))
+            dims = struct.unpack("<%dQ" % n_dims, _read_exact(fh, 8 * n_dims))
+            ttype, _offset = struct.unpack("<IQ", _read_exact(fh, 12))
+            infos[name] = (tuple(int(d) for d in dims), int(ttype))
+        return infos
+
+
+# ---------------------------------------------------------------------------------------------
+# vocabulary analysis
+# ---------------------------------------------------------------------------------------------
+
+
+def _bpe(word: str, ranks: Dict[Tuple[str, str], int]) -> List[str]:
+    parts = list(word)
+    while len(parts) > 1:
+        best_rank = -1
+        best_at = -1
+        for j in range(len(parts) - 1):
+            rank = ranks.get((parts[j], parts[j + 1]))
+            if rank is not None and (best_rank < 0 or rank < best_rank):
+                best_rank, best_at = rank, j
+        if best_at < 0:
+            break
+        parts[best_at:best_at + 2] = [parts[best_at] + parts[best_at + 1]]
+    return parts
+
+
+def allowed_token_ids(tokens: Sequence[str], merges: Sequence[str]) -> List[int]:
+    """Ids of whole-word tokens (``Ġ`` + 2-8 lowercase ASCII letters) that byte-level BPE maps back
+    to themselves, so that a text made of them re-tokenizes to the same ids."""
+    ranks: Dict[Tuple[str, str], int] = {}
+    for rank, merge in enumerate(merges):
+        left, _, right = merge.partition(" ")
+        ranks.setdefault((left, right), rank)
+    return [i for i, tok in enumerate(tokens) if ALLOWED_WORD_PATTERN.match(tok) and _bpe(tok, ranks) == [tok]]
+
+
+@dataclass(frozen=True)
+class TinyVocab:
+    """The tokenizer metadata to copy and the ids the model may emit."""
+
+    tokenizer_kv: Dict[str, GGUFValue]
+    n_vocab: int
+    allowed_ids: Tuple[int, ...]
+    end_of_turn_id: int
+
+
+def load_vocab(vocab_gguf: "os.PathLike[str] | str") -> TinyVocab:
+    """Read the tokenizer of a vocab GGUF and select the allowed word tokens."""
+    meta = read_gguf_metadata(vocab_gguf)
+    tok_kv = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
+    if "tokenizer.ggml.tokens" not in tok_kv:
+        raise ValueError("%s has no tokenizer.ggml.tokens" % vocab_gguf)
+    tokens: List[str] = tok_kv["tokenizer.ggml.tokens"].value
+    merges: List[str] = tok_kv["tokenizer.ggml.merges"].value if "tokenizer.ggml.merges" in tok_kv else []
+    allowed = allowed_token_ids(tokens, merges)
+    if len(allowed) < 100:
+        raise ValueError("%s has only %d whole-word tokens; a byte-level BPE vocab is needed"
+                         % (vocab_gguf, len(allowed)))
+    if END_OF_TURN in tokens:
+        eot = tokens.index(END_OF_TURN)
+    elif "tokenizer.ggml.eos_token_id" in tok_kv:
+        eot = int(tok_kv["tokenizer.ggml.eos_token_id"].value)
+    else:
+        raise ValueError("%s has neither %s nor an EOS token" % (vocab_gguf, END_OF_TURN))
+    return TinyVocab(tok_kv, len(tokens), tuple(allowed), eot)
+
+
+# ---------------------------------------------------------------------------------------------
+# weights
+# ---------------------------------------------------------------------------------------------
+
+
+def build_tensors(vocab: TinyVocab, seed: int = 0, config: Optional[TinyModelConfig] = None) -> Dict[str, np.ndarray]:
+    """All tensors of the model as float32 arrays in numpy layout (``(out, in)`` for matrices),
+    in the order they are written."""
+    cfg = config or TinyModelConfig()
+    rng = np.random.Generator(np.random.PCG64(seed))
+    d, hd, ff, nv = cfg.n_embd, cfg.head_dim, cfg.n_ff, vocab.n_vocab
+    n_q, n_kv = cfg.n_head * hd, cfg.n_head_kv * hd
+
+    def normal(shape: Tuple[int, ...], std: float) -> np.ndarray:
+        return (rng.standard_normal(shape, dtype=np.float32) * np.float32(std)).astype(np.float32)
+
+    t: Dict[str, np.ndarray] = {}
+    embd = normal((nv, d), 1.0)
+    t["token_embd.weight"] = embd
+    for il in range(cfg.n_layer):
+        p = "blk.%d." % il
+        t[p + "attn_norm.weight"] = np.ones(d, dtype=np.float32)
+        t[p + "attn_q.weight"] = normal((n_q, d), cfg.attn_gain / np.sqrt(d))
+        t[p + "attn_q.bias"] = normal((n_q,), 0.1)
+        t[p + "attn_k.weight"] = normal((n_kv, d), cfg.attn_gain / np.sqrt(d))
+        t[p + "attn_k.bias"] = normal((n_kv,), 0.1)
+        t[p + "attn_v.weight"] = normal((n_kv, d), 1.0 / np.sqrt(d))
+        t[p + "attn_v.bias"] = normal((n_kv,), 0.1)
+        t[p + "attn_output.weight"] = normal((d, n_q), 1.0 / np.sqrt(n_q))
+        t[p + "ffn_norm.weight"] = np.ones(d, dtype=np.float32)
+        t[p + "ffn_gate.weight"] = normal((ff, d), 1.0 / np.sqrt(d))
+        t[p + "ffn_up.weight"] = normal((ff, d), 1.0 / np.sqrt(d))
+        t[p + "ffn_down.weight"] = normal((d, ff), 1.0 / np.sqrt(ff))
+    t["output_norm.weight"] = np.ones(d, dtype=np.float32)
+
+    allowed = np.asarray(vocab.allowed_ids + (vocab.end_of_turn_id,), dtype=np.int64)
+    out = np.zeros((nv, d), dtype=np.float32)
+    rows = normal((len(allowed), d), cfg.logit_scale / np.sqrt(d))
+    own = embd[allowed] / np.linalg.norm(embd[allowed], axis=1, keepdims=True)
+    rows -= np.float32(cfg.anti_repeat) * own
+    out[allowed] = rows
+    t["output.weight"] = out
+    bias = np.full(nv, cfg.disallowed_logit, dtype=np.float32)
+    bias[allowed] = 0.0
+    bias[vocab.end_of_turn_id] = cfg.end_bias
+    t["output.bias"] = bias
+    return t
+
+
+def _quant_type(ftype: str, name: str, arr: np.ndarray) -> Any:
+    import gguf
+
+    qt = gguf.GGMLQuantizationType
+    if ftype == "f32" or arr.ndim < 2 or not name.endswith(".weight"):
+        return qt.F32
+    if ftype == "f16":
+        return qt.F16
+    target = qt.Q8_0 if ftype == "q8_0" else qt.Q4_0
+    block = gguf.GGML_QUANT_SIZES[target][0]
+    return target if arr.shape[-1] % block == 0 else qt.F16
+
+
+_FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0"}
+
+
+def _add_kv(writer: Any, key: str, val: GGUFValue) -> None:
+    import gguf
+
+    vt = gguf.GGUFValueType
+    if val.vtype == _ARRAY:
+        try:
+            writer.add_key_value(key, val.value, vt.ARRAY, vt(val.sub_type))
+        except TypeError:  # gguf < 0.11 has no sub_type and infers the element type
+            writer.add_array(key, val.value)
+    else:
+        writer.add_key_value(key, val.value, vt(val.vtype))
+
+
+def write_tiny_model(
+    path: "os.PathLike[str] | str",
+    ftype: str = "f32",
+    vocab_gguf: "os.PathLike[str] | str | None" = None,
+    seed: int = 0,
+    config: Optional[TinyModelConfig] = None,
+) -> Path:
+    """Write the tiny qwen2 model to ``path`` and return it as a Path.
+
+    ``ftype`` is one of :data:`FTYPES`; for ``q8_0``/``q4_0`` all 2-D ``*.weight`` matrices
+    (including ``token_embd`` and ``output``) are quantized, norms and biases stay F32.
+    ``vocab_gguf`` defaults to :func:`pytest_cachecheck.llama_server.vocab_gguf_path`.
+    Written to a temp file next to ``path`` and renamed, so readers never see a partial file.
+    """
+    import gguf
+
+    if ftype not in FTYPES:
+        raise ValueError("ftype must be one of %s, not %r" % (", ".join(FTYPES), ftype))
+    if vocab_gguf is None:
+        from .llama_server import vocab_gguf_path
+
+        vocab_gguf = vocab_gguf_path()
+        if vocab_gguf is None:
+            raise FileNotFoundError(
+                "no ggml-vocab-qwen2.gguf found: build llama-server (python3 -m "
+                "pytest_cachecheck.llama_server build) or set CACHECHECK_VOCAB_GGUF"
+            )
+    cfg = config or TinyModelConfig()
+    vocab = load_vocab(vocab_gguf)
+    tensors = build_tensors(vocab, seed=seed, config=cfg)
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(".%s.%d.tmp" % (out.name, os.getpid()))
+    arch = "qwen2"
+    writer = gguf.GGUFWriter(str(tmp), arch)
+    try:
+        writer.add_name("cachecheck-tiny-qwen2-%s-seed%d" % (ftype, seed))
+        writer.add_context_length(cfg.n_ctx)
+        writer.add_embedding_length(cfg.n_embd)
+        writer.add_block_count(cfg.n_layer)
+        writer.add_feed_forward_length(cfg.n_ff)
+        writer.add_head_count(cfg.n_head)
+        writer.add_head_count_kv(cfg.n_head_kv)
+        writer.add_rope_freq_base(cfg.rope_freq_base)
+        writer.add_layer_norm_rms_eps(cfg.rms_eps)
+        writer.add_file_type(int(getattr(gguf.LlamaFileType, _FILE_TYPES[ftype])))
+        if ftype in ("q8_0", "q4_0"):
+            writer.add_quantization_version(gguf.GGML_QUANT_VERSION)
+        for key, val in vocab.tokenizer_kv.items():
+            _add_kv(writer, key, val)
+        for name, arr in tensors.items():
+            qtype = _quant_type(ftype, name, arr)
+            if qtype == gguf.GGMLQuantizationType.F32:
+                writer.add_tensor(name, arr)
+            elif qtype == gguf.GGMLQuantizationType.F16:
+                writer.add_tensor(name, arr.astype(np.float16))
+            else:
+                writer.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        os.replace(str(tmp), str(out))
+    except BaseException:
+        writer.close()
+        if tmp.exists():
+            tmp.unlink()
+        raise
+    return out

@@ -1,0 +1,370 @@
+"""The plugin through pytest itself (pytester), against the vLLM/SGLang emulation."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import xml.etree.ElementTree as ET
+
+import pytest
+
+SMALL = ["--cachecheck-n=3", "-p", "no:cacheprovider"]
+
+
+def chat_count(emu) -> int:
+    return len(emu.requests_log)
+
+
+# -- switched off -------------------------------------------------------------------------------------
+def test_help_lists_every_option(pytester):
+    result = pytester.runpytest("--help")
+    for flag in ("--cachecheck-url", "--cachecheck-mode", "--cachecheck-nocache-url", "--cachecheck-model",
+                 "--cachecheck-probes", "--cachecheck-n", "--cachecheck-max-tokens",
+                 "--cachecheck-hit-tolerance", "--cachecheck-skip-hit-check", "--cachecheck-report",
+                 "--cachecheck-api-key", "--cachecheck-timeout", "--cachecheck-min-valid"):
+        result.stdout.fnmatch_lines([f"*{flag}*"])
+    out = result.stdout.str()
+    assert "cachecheck_url" in out and "CACHECHECK_URL" in out and "CACHECHECK_API_KEY" in out
+
+
+def test_without_url_adds_nothing_and_sends_nothing(pytester, emulator):
+    emu = emulator()
+    pytester.makepyfile("def test_ok(): pass")
+    result = pytester.runpytest("-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert "cachecheck:" not in result.stdout.str() and "cachecheck summary" not in result.stdout.str()
+    assert chat_count(emu) == 0
+
+
+def test_plugin_can_be_disabled(pytester, emulator):
+    emu = emulator()
+    pytester.makepyfile("def test_ok(): pass")
+    result = pytester.runpytest("-p", "no:cachecheck", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    assert chat_count(emu) == 0
+
+
+# -- outcomes -----------------------------------------------------------------------------------------
+def test_empty_folder_runs_builtin_probes(pytester, emulator):
+    emu = emulator()
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "-p", "no:cacheprovider", "-v")
+    result.assert_outcomes(passed=20)
+    assert result.ret == 0
+    assert chat_count(emu) == 120  # six requests a probe
+    result.stdout.fnmatch_lines([
+        "cachecheck: mode one-server (auto-detected) | server vllm 0.34.0 | model emu/tiny-chat",
+        "*collected 20 items",
+        "cachecheck::probe[[]tea-steeping[]] PASSED*",
+        "*cachecheck summary*",
+        "probes: 20 | valid: 20 (same 20, different 0) | inconclusive: 0 | errors: 0",
+        "0 of 20 valid probes gave a different turn-2 answer on the cache path.",
+        "cachecheck verdict: PASS*",
+    ])
+
+
+def test_divergence_fails_with_where_and_excerpts(pytester, emulator):
+    emu = emulator(diverge_on_hit={"bicycle"})
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=3", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2, failed=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([
+        "*cache path and recompute path gave different turn-2 answers, from character *",
+        "*  cache: *>>>*",
+        "*  recompute: *>>>*",
+        "1 of 3 valid probes gave a different turn-2 answer on the cache path.",
+        "cachecheck verdict: FAIL (diverged)*",
+    ])
+
+
+def test_salt_ignored_is_inconclusive_with_cause(pytester, emulator):
+    emu = emulator(honor_salt=False)
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "-rs")
+    result.assert_outcomes(skipped=3)
+    assert result.ret == 1  # too few valid probes
+    result.stdout.fnmatch_lines([
+        "cause: the recompute path reused cached tokens on every probe: likely the server ignores cache_salt*",
+        "cachecheck verdict: FAIL (too-few-valid): only 0 of 3 probes were valid*",
+        "SKIPPED * inconclusive: *recompute run 1 reused * cached tokens, expected 0*",
+    ])
+
+
+def test_min_valid_zero_accepts_inconclusive(pytester, emulator):
+    emu = emulator(honor_salt=False)
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-min-valid=0")
+    result.assert_outcomes(skipped=3)
+    assert result.ret == 0
+
+
+@pytest.mark.parametrize("flavor, flag", [("vllm", "--enable-prompt-tokens-details"),
+                                          ("sglang", "--enable-cache-report")])
+def test_reporting_off_errors_naming_the_flag(pytester, emulator, flavor, flag):
+    emu = emulator(flavor=flavor, report_cached_tokens=False)
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
+    result.assert_outcomes(errors=3)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([f"*did not report cached tokens*{flag}*"])
+
+
+def test_block_size_64_needs_tolerance(pytester, emulator):
+    emu = emulator(block_size=64)
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-hit-tolerance=0", "-rs")
+    # whole blocks only: a hit is rounded down, so a zero tolerance rejects most probes
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("skipped", 0) >= 1
+    result.stdout.fnmatch_lines(["*inconclusive: cache run 1: turn-2 cache hit was * tokens, expected at least*"])
+    ok = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-hit-tolerance=63")
+    ok.assert_outcomes(passed=3)
+
+
+def test_server_error_is_an_error_not_a_failure(pytester, emulator):
+    emu = emulator(fault={2: "500", 9: "not-json"})
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
+    result.assert_outcomes(passed=1, errors=2)
+    result.stdout.fnmatch_lines(["*ERROR at setup of probe[[]tea-steeping[]]*", "*HTTP 500*",
+                                 "*body is not JSON*"])
+
+
+def test_sglang_one_server(pytester, emulator):
+    emu = emulator(flavor="sglang", block_size=1, diverge_on_hit={"bread"})
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=4", "-p", "no:cacheprovider",
+                                "-rs")
+    result.assert_outcomes(passed=3, failed=1)
+    result.stdout.fnmatch_lines(["cachecheck: mode one-server (auto-detected) | server sglang 0.5.23*"])
+    assert emu.health_generations == 0  # never polls SGLang's generating /health
+
+
+def test_two_servers_and_both_off_control(pytester, emulator):
+    cache = emulator(diverge_on_hit={"bicycle"})
+    nocache = emulator(prefix_caching=False)
+    result = pytester.runpytest(f"--cachecheck-url={cache.url}", f"--cachecheck-nocache-url={nocache.url}",
+                                *SMALL)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["cachecheck: mode two-servers | server vllm*"])
+    assert chat_count(cache) == 12 and chat_count(nocache) == 6
+    both_off = emulator(prefix_caching=False)
+    result = pytester.runpytest(f"--cachecheck-url={both_off.url}", f"--cachecheck-nocache-url={nocache.url}",
+                                *SMALL, "--cachecheck-skip-hit-check")
+    result.assert_outcomes(passed=3)
+
+
+def test_two_urls_one_server_names_the_cause(pytester, emulator):
+    emu = emulator()
+    other = emu.url.replace("127.0.0.1", "localhost")
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", f"--cachecheck-nocache-url={other}", *SMALL)
+    result.assert_outcomes(skipped=3)
+    result.stdout.fnmatch_lines(["cause: *likely both URLs reach the same server*"])
+
+
+def test_model_choice(pytester, emulator):
+    emu = emulator(models=["emu/other"])
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines(["*serves several models; choose one with --cachecheck-model: emu/tiny-chat, "
+                                 "emu/other*"])
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-model=emu/other")
+    result.assert_outcomes(passed=3)
+    assert {r["model"] for r in emu.requests_log[-18:]} == {"emu/other"}
+
+
+# -- selection, suites, xdist -------------------------------------------------------------------------
+def test_beside_a_suite_with_k_and_m(pytester, emulator):
+    emu = emulator()
+    pytester.makepyfile("def test_mine(): pass")
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "-p", "no:cacheprovider", "-k", "moon-phases")
+    result.assert_outcomes(passed=1)
+    assert chat_count(emu) == 6
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "-m", "not cachecheck")
+    result.assert_outcomes(passed=1)
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
+    result.assert_outcomes(passed=4)
+
+
+def test_without_xdist_plugin(pytester, emulator):
+    emu = emulator()
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "-p", "no:xdist")
+    result.assert_outcomes(passed=3)
+
+
+def test_xdist_keeps_probes_in_one_worker(pytester, emulator):
+    emu = emulator()
+    pytester.makepyfile(**{f"test_user{i}": "def test_x(): pass" for i in range(4)})
+    report = pytester.path / "report.json"
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-n=6", "-n", "2", "-v",
+                                           f"--cachecheck-report={report}", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=10)
+    workers = [line.split("]")[0] for line in result.stdout.lines if "cachecheck::probe[" in line
+               and "PASSED" in line]
+    assert len(workers) == 6 and len(set(workers)) == 1, workers
+    data = json.loads(report.read_text())
+    assert len(data["probes"]) == 6
+    assert data["summary"]["same"] == 6 and data["summary"]["not_run"] == []
+    result.stdout.fnmatch_lines(["0 of 6 valid probes gave a different turn-2 answer on the cache path."])
+
+
+def test_xdist_each_is_refused(pytester, emulator):
+    emu = emulator()
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "-n", "2", "--dist", "each")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--dist each would send probes to one server from several workers*"])
+    assert chat_count(emu) == 0
+
+
+# -- usage errors ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args, words", [
+    (["--cachecheck-url=localhost:8080"], "--cachecheck-url (ini cachecheck_url): 'localhost:8080' is not "
+                                          "allowed; expected an http:// or https:// URL"),
+    (["--cachecheck-url=http://:8080"], "expected an http:// or https:// URL with a host"),
+    (["--cachecheck-url=http://h:99999"], "port is a number"),
+    (["--cachecheck-mode=fast"], "'fast' is not allowed; expected one of auto, llama.cpp, one-server, two-servers"),
+    (["--cachecheck-mode=two-servers"], "two-servers needs --cachecheck-nocache-url"),
+    (["--cachecheck-mode=llama.cpp", "--cachecheck-nocache-url=http://127.0.0.1:2"], "conflicts"),
+    (["--cachecheck-nocache-url=URL"], "same URL"),
+    (["--cachecheck-skip-hit-check"], "only for the both-caches-off control in two-servers mode"),
+    (["--cachecheck-n=0"], "--cachecheck-n (ini cachecheck_n): '0' is not allowed; expected a whole number"),
+    (["--cachecheck-max-tokens=lots"], "--cachecheck-max-tokens (ini cachecheck_max_tokens): 'lots'"),
+    (["--cachecheck-hit-tolerance=-1"], "--cachecheck-hit-tolerance"),
+    (["--cachecheck-timeout=0"], "--cachecheck-timeout (ini cachecheck_timeout): '0' is not allowed; expected "
+                                 "a number greater than 0"),
+    (["--cachecheck-timeout=nan"], "--cachecheck-timeout"),
+    (["--cachecheck-min-valid=1.5"], "--cachecheck-min-valid (ini cachecheck_min_valid): '1.5'"),
+    (["--cachecheck-report=no/such/dir/r.json"], "--cachecheck-report (ini cachecheck_report): "
+                                                 "'no/such/dir/r.json' is not allowed; expected a path in an "
+                                                 "existing directory"),
+    (["--cachecheck-probes=missing.jsonl"], "bad probe file: *missing.jsonl*"),
+    (["--cachecheck-model="], "--cachecheck-model"),
+])
+def test_usage_errors_before_any_request(pytester, emulator, args, words):
+    emu = emulator()
+    args = [a.replace("=URL", "=" + emu.url) for a in args]
+    if not any(a.startswith("--cachecheck-url") for a in args):
+        args.insert(0, f"--cachecheck-url={emu.url}")
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{words}*"])
+    assert chat_count(emu) == 0
+
+
+def test_bad_probe_file_names_file_line_field(pytester, emulator):
+    emu = emulator()
+    pytester.path.joinpath("mine.jsonl").write_text(
+        '{"id": "a", "turn1": "hello there", "turn2": "and?"}\n'
+        '{"id": "b", "messages": [{"role": "tool", "content": "x"}], "followup": "y"}\n')
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-probes=mine.jsonl")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*mine.jsonl:2: field 'messages[[]0[]].role'*"])
+    assert chat_count(emu) == 0
+
+
+# -- configuration sources ------------------------------------------------------------------------------
+def test_ini_env_and_command_line_precedence(pytester, emulator, monkeypatch):
+    ini_emu, cli_emu, env_emu = emulator(), emulator(), emulator()
+    pytester.makeini(f"[pytest]\ncachecheck_url = {ini_emu.url}\ncachecheck_n = 1\n")
+    monkeypatch.setenv("CACHECHECK_URL", env_emu.url)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    assert (chat_count(ini_emu), chat_count(cli_emu), chat_count(env_emu)) == (6, 0, 0)
+    pytester.runpytest(f"--cachecheck-url={cli_emu.url}").assert_outcomes(passed=1)
+    assert (chat_count(ini_emu), chat_count(cli_emu), chat_count(env_emu)) == (6, 6, 0)
+    pytester.makeini("[pytest]\ncachecheck_n = 1\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+    assert chat_count(env_emu) == 6
+
+
+def test_own_probe_files(pytester, emulator):
+    emu = emulator()
+    pytester.path.joinpath("a.jsonl").write_text(
+        '{"id": "ours-1", "turn1": "Describe a lighthouse in three sentences.", "turn2": "Shorter."}\n')
+    pytester.path.joinpath("b.json").write_text(json.dumps([
+        {"messages": [{"role": "system", "content": "Be brief."},
+                      {"role": "user", "content": "Describe a harbour in three sentences."}],
+         "followup": "Now for a child."}]))
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-probes=a.jsonl",
+                                "--cachecheck-probes=b.json", "-v", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)
+    result.stdout.fnmatch_lines(["*probe[[]ours-1[]] PASSED*", "*probe[[]b-1[]] PASSED*"])
+    sent = emu.requests_log[-1]["messages"]
+    assert sent[0] == {"role": "system", "content": "Be brief."}
+
+
+# -- reports --------------------------------------------------------------------------------------------
+def test_json_report_and_result_block(pytester, emulator):
+    emu = emulator(diverge_on_hit={"bicycle"})
+    report = pytester.path / "out" / "cc.json"
+    report.parent.mkdir()
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-report=out/cc.json")
+    result.stdout.fnmatch_lines([
+        "*cachecheck result (to share: no URL, key or conversation text)*",
+        "pytest-cachecheck * | mode one-server | server vllm 0.34.0 | model emu/tiny-chat",
+        "probes 3 | valid 3 | same 2 | different 1 | inconclusive 0 | errors 0",
+        f"cachecheck: JSON report written to {report}",
+    ])
+    block = result.stdout.str().split("cachecheck result")[1]
+    assert emu.url not in block and "127.0.0.1" not in block
+    data = json.loads(report.read_text())
+    assert data["schema_version"] == 1
+    assert data["settings"]["url"] == emu.url and "api_key" not in data["settings"]
+    assert data["server"]["kind"] == "vllm" and data["server"]["build"] == "0.34.0"
+    assert data["summary"]["different"] == 1 and data["summary"]["exit_status"] == 1
+    probe = {p["id"]: p for p in data["probes"]}["bike-chain"]
+    assert probe["outcome"] == "different" and probe["divergence"]["char"] >= 0
+    assert len(probe["requests"]) == 6
+    for req in probe["requests"]:
+        assert {"step", "server", "content", "finish_reason", "prompt_tokens", "completion_tokens",
+                "cached_tokens"} <= set(req)
+    assert probe["answers"]["cache"][0] != probe["answers"]["recompute"][0]
+    assert not list(report.parent.glob(".cachecheck-*"))  # the temporary file was renamed away
+
+
+def test_pytest_json_report_and_junit(pytester, emulator):
+    emu = emulator()
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--json-report",
+                                "--json-report-file=jr.json", "--junitxml=j.xml")
+    result.assert_outcomes(passed=3)
+    jr = json.loads((pytester.path / "jr.json").read_text())
+    tests = [t for t in jr["tests"] if t["nodeid"].startswith("cachecheck::")]
+    assert len(tests) == 3
+    assert all(t["metadata"]["cachecheck"]["outcome"] == "same" for t in tests)
+    assert all(t["user_properties"][0]["cachecheck"]["outcome"] == "same" for t in tests)
+    root = ET.parse(pytester.path / "j.xml").getroot()
+    props = [p.get("name") for p in root.iter("property")]
+    assert props.count("cachecheck") == 3
+
+
+def test_report_written_when_server_dies(pytester, emulator):
+    emu = emulator(fail_after_requests=13)  # two probes, then one request of the third, then dead
+    report = pytester.path / "r.json"
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=5",
+                                f"--cachecheck-report={report}", "--cachecheck-timeout=5")
+    result.assert_outcomes(passed=2, errors=3)
+    data = json.loads(report.read_text())
+    assert [p["outcome"] for p in data["probes"]] == ["same", "same", "error", "error", "error"]
+    assert len(data["probes"][2]["requests"]) == 1  # what the third probe measured before the server died
+
+
+# -- for test authors -----------------------------------------------------------------------------------
+def test_cachecheck_fixture(pytester, emulator):
+    emu = emulator(diverge_on_hit={"lighthouse"})
+    pytester.makepyfile(textwrap.dedent("""
+        def test_same(cachecheck):
+            result = cachecheck.check(turn1="Describe a harbour in three sentences.", turn2="Shorter.")
+            assert result.valid and result.same and result.cache_answer == result.recompute_answer
+
+        def test_different(cachecheck):
+            result = cachecheck.check(messages=[{"role": "user", "content": "Describe a lighthouse."}],
+                                      followup="Shorter.")
+            assert result.different and result.cache_answer != result.recompute_answer
+            assert "different turn-2 answers" in result.reason
+
+        def test_bad_input(cachecheck):
+            import pytest
+            with pytest.raises(ValueError, match="turn2"):
+                cachecheck.check(turn1="only one turn")
+    """))
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "-m", "not cachecheck", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=3)
+
+
+def test_cachecheck_fixture_skips_without_url(pytester):
+    pytester.makepyfile("def test_x(cachecheck): pass")
+    result = pytester.runpytest("-rs")
+    result.assert_outcomes(skipped=1)
+    result.stdout.fnmatch_lines(["*cachecheck: no server given*"])

@@ -1,0 +1,183 @@
+"""Validity rules and verdicts of the six-request protocol, with a scripted client (no HTTP)."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from pytest_cachecheck.clients.base import ChatClient, Http, Reply, ServerInfo
+from pytest_cachecheck.errors import RequestError
+from pytest_cachecheck.probes import parse_probe
+from pytest_cachecheck.protocol import Runner, Target, excerpt, first_difference
+from pytest_cachecheck.settings import Settings
+
+PROBE = parse_probe({"id": "p1", "turn1": "Tell me about tea.", "turn2": "Shorter."}, path="t.jsonl",
+                    line=1, default_id="x")
+
+
+class Scripted(ChatClient):
+    """Answers from a list of (content, prompt_tokens, completion_tokens, cached_tokens) in order."""
+
+    def __init__(self, kind: str, script: List[Any], pieces: bool = False) -> None:
+        super().__init__(Http("http://127.0.0.1:9"), ServerInfo(kind=kind, model="m"))
+        self.script = list(script)
+        self.calls: List[Dict[str, Any]] = []
+        self.pieces = pieces
+
+    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int, cache: Dict[str, Any]) -> Reply:
+        self.calls.append({"messages": messages, "cache": dict(cache)})
+        item = self.script.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        content, prompt, completion, cached = item
+        return Reply(content, "stop", prompt, completion, cached)
+
+    def token_pieces(self, text: str) -> Optional[List[str]]:
+        return text.split(" ") if self.pieces else None
+
+
+def good_script(t2_cache: str = "short tea", t2_re: str = "short tea", hit: int = 59) -> List[Any]:
+    # turn-1: prompt 20, answer 40 -> full reuse 59
+    return [("tea is nice", 20, 40, 0), (t2_cache, 70, 5, hit),
+            ("tea is nice", 20, 40, 0), (t2_cache, 70, 5, hit),
+            (t2_re, 70, 5, 0), (t2_re, 70, 5, 0)]
+
+
+def run(mode: str, script: List[Any], nocache_script: Optional[List[Any]] = None,
+        cache_kind: Optional[str] = None, **kw: Any):
+    settings = Settings(url="http://127.0.0.1:9", mode=mode,
+                        nocache_url="http://127.0.0.1:10" if mode == "two-servers" else None, **kw)
+    runner = Runner(settings)
+    kind = cache_kind or ("llama.cpp" if mode == "llama.cpp" else "vllm")
+    cache = Scripted(kind, script, pieces=True)
+    nocache = Scripted("vllm", nocache_script) if nocache_script is not None else None
+    runner._target = Target(mode, cache, nocache)
+    return runner.run(PROBE), cache, nocache
+
+
+def test_same_is_valid_and_uses_llama_cache_fields():
+    result, client, _ = run("llama.cpp", good_script())
+    assert result.outcome == "same", result.reason
+    assert [c["cache"] for c in client.calls] == [
+        {"cache_prompt": False}, {"cache_prompt": True}, {"cache_prompt": False}, {"cache_prompt": True},
+        {"cache_prompt": False}, {"cache_prompt": False}]
+    # turn 2 carries the turn-1 answer verbatim, then the follow-up
+    assert client.calls[1]["messages"][-2:] == [{"role": "assistant", "content": "tea is nice"},
+                                                {"role": "user", "content": "Shorter."}]
+    assert len(result.to_dict()["requests"]) == 6
+
+
+def test_different_names_character_token_and_excerpts():
+    result, _, _ = run("llama.cpp", good_script(t2_cache="short green tea", t2_re="short black tea"))
+    assert result.outcome == "different"
+    assert result.divergence.char == 6
+    assert result.divergence.token == 1
+    assert "green" in result.message() and "black" in result.message()
+    assert "character 6 (token 1)" in result.message()
+
+
+def test_one_server_salts_turns_together_and_recompute_apart():
+    result, client, _ = run("one-server", good_script())
+    assert result.outcome == "same", result.reason
+    salts = [c["cache"]["cache_salt"] for c in client.calls]
+    assert salts[0] == salts[1] and salts[2] == salts[3]
+    assert len(set(salts)) == 4  # run 1, run 2, and one per recompute request
+    assert all(0 < len(s) <= 128 and not set("@/\\\0") & set(s) for s in salts)
+
+
+@pytest.mark.parametrize("kind", ["llama.cpp", "vllm", "openai"])
+def test_two_servers_sends_recompute_to_the_nocache_server(kind):
+    script = good_script()
+    result, cache, nocache = run("two-servers", script[:4], nocache_script=script[4:], cache_kind=kind)
+    assert result.outcome == "same", result.reason
+    assert len(cache.calls) == 4 and len(nocache.calls) == 2
+    assert all(c["cache"] == {} for c in nocache.calls)
+    fields = [c["cache"] for c in cache.calls]
+    if kind == "llama.cpp":  # clean turn 1; turn 2 follows the server's own setting (both-off control)
+        assert fields == [{"cache_prompt": False}, {}] * 2
+    elif kind == "vllm":
+        assert fields[0] == fields[1] != fields[2] == fields[3] and "cache_salt" in fields[0]
+    else:
+        assert fields == [{}] * 4
+    assert [s["server"] for s in result.to_dict()["requests"]][-2:] == ["nocache", "nocache"]
+
+
+@pytest.mark.parametrize("hit, tolerance, words", [
+    (26, 32, "expected at least 27"),  # 20 + 40 - 1 - 32 = 27
+    (20, 50, "not past the turn-1 prompt"),
+])
+def test_short_hit_is_inconclusive(hit, tolerance, words):
+    result, _, _ = run("llama.cpp", good_script(hit=hit), hit_tolerance=tolerance)
+    assert result.outcome == "inconclusive"
+    assert result.reason.startswith("inconclusive: ") and words in result.reason
+
+
+def test_tolerance_zero_needs_full_reuse():
+    result, _, _ = run("llama.cpp", good_script(hit=58), hit_tolerance=0)
+    assert result.outcome == "inconclusive" and "expected at least 59" in result.reason
+    result, _, _ = run("llama.cpp", good_script(hit=59), hit_tolerance=0)
+    assert result.outcome == "same"
+
+
+def test_recompute_reuse_is_inconclusive():
+    script = good_script()
+    script[4] = ("short tea", 70, 5, 64)
+    result, _, _ = run("one-server", script)
+    assert result.outcome == "inconclusive"
+    assert "recompute run 1 reused 64 cached tokens" in result.reason
+    assert result.checks["recompute_reused"] is True
+
+
+def test_turn1_reuse_is_inconclusive_in_llama_mode_but_not_two_servers():
+    script = good_script()
+    script[2] = ("tea is nice", 20, 40, 19)
+    result, _, _ = run("llama.cpp", script)
+    assert result.outcome == "inconclusive" and "turn 1 reused 19" in result.reason
+    script = good_script()
+    script[2] = ("tea is nice", 20, 40, 19)
+    result, _, _ = run("two-servers", script[:4], nocache_script=script[4:], cache_kind="openai")
+    assert result.outcome == "same"  # no clean-start control exists for a generic server
+
+
+@pytest.mark.parametrize("index, words", [
+    (2, "different turn-1 answers"), (3, "cache runs gave different turn-2"), (5, "two recompute runs"),
+])
+def test_paths_must_repeat(index, words):
+    script = good_script()
+    content, p, c, h = script[index]
+    script[index] = (content + " extra", p, c, h)
+    result, _, _ = run("llama.cpp", script)
+    assert result.outcome == "inconclusive" and words in result.reason
+
+
+def test_missing_counter_is_an_error_naming_the_flag():
+    script = good_script()
+    script[1] = ("short tea", 70, 5, None)
+    result, _, _ = run("one-server", script)
+    assert result.outcome == "error"
+    assert "--enable-prompt-tokens-details" in result.reason
+    assert "cache-1/turn-2" in result.reason
+
+
+def test_skip_hit_check_tolerates_no_hit():
+    script = good_script(hit=0)
+    result, _, _ = run("two-servers", script[:4], nocache_script=script[4:], skip_hit_check=True)
+    assert result.outcome == "same"
+
+
+def test_failed_request_is_an_error_never_a_divergence():
+    script = good_script()
+    script[4] = RequestError("POST /v1/chat/completions: HTTP 503: busy", status=503)
+    result, _, _ = run("llama.cpp", script)
+    assert result.outcome == "error" and "HTTP 503" in result.reason
+    assert len(result.steps) == 4  # what was measured before the failure is kept
+
+
+def test_first_difference_and_excerpt():
+    assert first_difference("abc", "abc") is None
+    assert first_difference("abc", "abd") == 2
+    assert first_difference("ab", "abc") == 2
+    text = "x" * 100 + "\nEND"
+    shown = excerpt(text, 100)
+    assert shown.startswith("...") and "\\n" in shown and ">>>" in shown
