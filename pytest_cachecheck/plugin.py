@@ -7,13 +7,18 @@ maps it onto pytest. State lives on ``config.stash``; the reporter is registered
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import pytest
 
 from . import _items
+from . import serve as serve_mod
 from .errors import ConfigError, RequestError, ServerSetupError
+from .llama_server import LlamaServerError
+from .serve import Served
 from .probes import Probe, ProbeFileError, builtin_probes, load_probes, parse_probe, probe_set_fingerprint
 from .protocol import ERROR, ProbeResult, Runner
 from .redact import Redactor
@@ -33,6 +38,7 @@ class _State:
         self.probe_set = probe_set
         self.redactor = Redactor()
         self.runner = Runner(settings, self.redactor)
+        self.served: Optional[Served] = None
 
 
 STATE = pytest.StashKey[Optional[_State]]()
@@ -65,10 +71,23 @@ def _is_worker(config: pytest.Config) -> bool:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cachecheck: a prompt-cache divergence probe (pytest-cachecheck)")
     config.stash[STATE] = None
+    base = Path(config.invocation_params.dir)
+    served: Optional[Served] = None
     try:
         raw = lookup(lambda n: config.getoption("cachecheck_" + n),
                      lambda n: config.getini("cachecheck_" + n), os.environ)
-        settings = resolve(raw, base_dir=Path(config.invocation_params.dir))
+        if raw.get("serve"):
+            if raw.get("url") or raw.get("nocache_url"):
+                raise ConfigError("--cachecheck-serve starts its own llama-server; it conflicts with "
+                                  "--cachecheck-url and --cachecheck-nocache-url (ini or CACHECHECK_URL)")
+            serve_mod.check_serve_args(raw["serve"], raw.get("server_args"))
+            resolve({**raw, "url": "http://127.0.0.1:1"}, base_dir=base)  # every other value, first
+            if _is_worker(config):
+                raw["url"] = config.workerinput["cachecheck_served_url"]  # type: ignore[attr-defined]
+            else:
+                served = _start_served(config, raw["serve"], raw.get("server_args"))
+                raw["url"] = served.server.url
+        settings = resolve(raw, base_dir=base)
     except ConfigError as exc:
         raise pytest.UsageError(f"cachecheck: {exc}") from None
     if settings is None:
@@ -83,9 +102,29 @@ def pytest_configure(config: pytest.Config) -> None:
     probe_set = {"name": name, "count": len(probes), "fingerprint": probe_set_fingerprint(probes)}
     _check_xdist(config)
     state = _State(settings, probes, probe_set)
+    state.served = served
     config.stash[STATE] = state
     if not _is_worker(config):
         config.pluginmanager.register(Reporter(config, state), "cachecheck-reporter")
+
+
+def _start_served(config: pytest.Config, model: str, server_args: Optional[str]) -> Served:
+    def log(message: str) -> None:
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
+
+    try:
+        served = serve_mod.start(model, server_args, log)
+    except (LlamaServerError, OSError, subprocess.CalledProcessError) as exc:
+        raise pytest.UsageError(f"cachecheck: --cachecheck-serve could not start llama-server: {exc}") from None
+    return served
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE, None)
+    if state is not None and state.served is not None:
+        state.served.server.stop()
+        state.served = None
 
 
 def _check_xdist(config: pytest.Config) -> None:
@@ -110,8 +149,11 @@ def _check_xdist(config: pytest.Config) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    if node.config.stash.get(STATE, None) is not None:
+    state = node.config.stash.get(STATE, None)
+    if state is not None:
         node.workerinput["cachecheck_dist"] = node.config.option.dist
+        if state.served is not None:
+            node.workerinput["cachecheck_served_url"] = state.served.server.url
 
 
 def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
@@ -127,7 +169,14 @@ def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
                 f"model {server.model or '?'}")
     except (RequestError, ServerSetupError) as exc:
         desc = f"cachecheck: mode {s.mode} | server not usable: {exc}"
-    lines = [state.redactor.scrub(desc),
+    lines = []
+    if state.served is not None:
+        served = state.served
+        what = ("the demo model: tiny, RANDOM weights generated on this machine, so its answers are word "
+                "salad; the prompt cache it exercises is real" if served.demo else served.model.name)
+        lines.append(f"cachecheck: serving {what}")
+        lines.append(f"cachecheck: llama-server at {served.server.url}, log {served.server.log_path}")
+    lines += [state.redactor.scrub(desc),
              f"cachecheck: {len(state.probes)} probes ({state.probe_set['name']}) | max_tokens {s.max_tokens} "
              f"| hit_tolerance {s.hit_tolerance}",
              "cachecheck: reproduce with: pytest " + state.redactor.scrub(
@@ -306,6 +355,8 @@ class Reporter:
             described = self.state.runner._target.describe()
         if described:
             run.update(described)
+        if self.state.served is not None:
+            run["served"] = self.state.served.describe()
         return run
 
     @pytest.hookimpl(tryfirst=True)

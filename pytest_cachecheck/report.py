@@ -141,7 +141,7 @@ def build_report(run: Mapping[str, Any], records: Sequence[Mapping[str, Any]], s
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "pytest-cachecheck", "version": __version__},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **{k: run.get(k) for k in ("settings", "mode", "server", "nocache_server", "probe_set")},
+        **{k: run.get(k) for k in ("settings", "mode", "server", "nocache_server", "probe_set", "served")},
         "summary": {
             **t.to_dict(),
             "rate": (t.different / t.valid) if t.valid else None,

@@ -66,6 +66,11 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("report", "--cachecheck-report", "write the JSON report to PATH", metavar="PATH"),
     OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server",
                "CACHECHECK_API_KEY", metavar="KEY"),
+    OptionSpec("serve", "--cachecheck-serve",
+               "start llama-server for the run with this model (a .gguf file, or 'demo' for a tiny "
+               "random-weight model) instead of giving --cachecheck-url", metavar="MODEL"),
+    OptionSpec("server_args", "--cachecheck-server-args",
+               "extra llama-server flags for --cachecheck-serve, as one quoted string", metavar="ARGS"),
     OptionSpec("timeout", "--cachecheck-timeout",
                f"seconds per request (default {DEFAULT_TIMEOUT:g})", metavar="SECONDS"),
     OptionSpec("min_valid", "--cachecheck-min-valid",
@@ -92,6 +97,8 @@ class Settings:
     api_key: Optional[str] = field(default=None, repr=False)
     timeout: float = DEFAULT_TIMEOUT
     min_valid: float = DEFAULT_MIN_VALID
+    serve: Optional[str] = None
+    server_args: Optional[str] = None
 
     def public(self) -> Dict[str, Any]:
         """The settings as they may appear in a report: URLs without credentials, never the key."""
@@ -108,6 +115,8 @@ class Settings:
             "api_key_set": self.api_key is not None,
             "timeout": self.timeout,
             "min_valid": self.min_valid,
+            "serve": self.serve if self.serve in (None, "demo") else Path(self.serve).name,
+            "server_args": self.server_args,
         }
 
 
@@ -246,7 +255,14 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
     n = raw.get("n")
     report = raw.get("report")
     api_key = raw.get("api_key")
+    serve = raw.get("serve")
+    if serve is not None and not str(serve).strip():
+        raise _bad("serve", serve, "a path to a .gguf model file, or 'demo'")
+    if raw.get("server_args") and not serve:
+        raise ConfigError("--cachecheck-server-args goes with --cachecheck-serve")
     return Settings(
+        serve=str(serve).strip() if serve else None,
+        server_args=raw.get("server_args") or None,
         url=url,
         mode=mode,
         nocache_url=nocache_url,
@@ -269,7 +285,12 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
 
 def reproduce_args(settings: Settings, probe_count: int) -> Sequence[str]:
     """Command-line flags that reproduce this run, without secrets."""
-    args = [f"--cachecheck-url={display_url(settings.url)}", f"--cachecheck-mode={settings.mode}"]
+    if settings.serve:
+        args = [f"--cachecheck-serve={settings.serve}"]
+        if settings.server_args:
+            args.append(f"--cachecheck-server-args={settings.server_args!r}")
+    else:
+        args = [f"--cachecheck-url={display_url(settings.url)}", f"--cachecheck-mode={settings.mode}"]
     if settings.nocache_url:
         args.append(f"--cachecheck-nocache-url={display_url(settings.nocache_url)}")
     if settings.model:

@@ -61,6 +61,8 @@ class TinyModelConfig:
     """Scale of the query/key projections; higher means sharper, more position-dependent attention."""
     disallowed_logit: float = -10000.0
     """Bias of every token that is not an allowed word or ``<|im_end|>``."""
+    n_words: int = 0
+    """Use only this many of the allowed words (a seeded random subset); 0 means all of them."""
 
     @property
     def head_dim(self) -> int:
@@ -257,7 +259,10 @@ def build_tensors(vocab: TinyVocab, seed: int = 0, config: Optional[TinyModelCon
         t[p + "ffn_down.weight"] = normal((d, ff), 1.0 / np.sqrt(ff))
     t["output_norm.weight"] = np.ones(d, dtype=np.float32)
 
-    allowed = np.asarray(vocab.allowed_ids + (vocab.end_of_turn_id,), dtype=np.int64)
+    words = np.asarray(vocab.allowed_ids, dtype=np.int64)
+    if 0 < cfg.n_words < len(words):
+        words = np.sort(rng.choice(words, size=cfg.n_words, replace=False))
+    allowed = np.concatenate([words, np.asarray([vocab.end_of_turn_id], dtype=np.int64)])
     out = np.zeros((nv, d), dtype=np.float32)
     rows = normal((len(allowed), d), cfg.logit_scale / np.sqrt(d))
     own = embd[allowed] / np.linalg.norm(embd[allowed], axis=1, keepdims=True)

