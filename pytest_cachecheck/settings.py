@@ -19,6 +19,7 @@ from .errors import ConfigError
 from .redact import display_url
 
 MODES = ("auto", "llama.cpp", "one-server", "two-servers")
+FAIL_POLICIES = ("new-divergence", "rate-increase", "never")
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TOLERANCE = 32
 DEFAULT_TIMEOUT = 300.0
@@ -64,6 +65,16 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                "do not require a cache hit on the cache path: the both-caches-off control in two-servers "
                "mode", kind="bool"),
     OptionSpec("report", "--cachecheck-report", "write the JSON report to PATH", metavar="PATH"),
+    OptionSpec("html", "--cachecheck-html", "write a self-contained HTML page of the run to PATH",
+               metavar="PATH"),
+    OptionSpec("baseline", "--cachecheck-baseline",
+               "compare with an earlier JSON report (probes paired by id)", metavar="PATH"),
+    OptionSpec("fail_on", "--cachecheck-fail-on",
+               "with a baseline, when the session fails: new-divergence (default), rate-increase or never",
+               metavar="POLICY"),
+    OptionSpec("max_rate", "--cachecheck-max-rate",
+               "fail the session when the divergence rate (different / valid) exceeds R; divergent probes "
+               "are then reported as expected failures", metavar="R"),
     OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server",
                "CACHECHECK_API_KEY", metavar="KEY"),
     OptionSpec("serve", "--cachecheck-serve",
@@ -99,6 +110,15 @@ class Settings:
     min_valid: float = DEFAULT_MIN_VALID
     serve: Optional[str] = None
     server_args: Optional[str] = None
+    html: Optional[str] = None
+    baseline: Optional[str] = None
+    fail_on: str = "new-divergence"
+    max_rate: Optional[float] = None
+
+    @property
+    def gated(self) -> bool:
+        """Whether the session verdict, not each divergent item, decides about divergences."""
+        return self.max_rate is not None or (self.baseline is not None and self.fail_on != "new-divergence")
 
     def public(self) -> Dict[str, Any]:
         """The settings as they may appear in a report: URLs without credentials, never the key."""
@@ -115,6 +135,9 @@ class Settings:
             "api_key_set": self.api_key is not None,
             "timeout": self.timeout,
             "min_valid": self.min_valid,
+            "baseline": self.baseline,
+            "fail_on": self.fail_on,
+            "max_rate": self.max_rate,
             "serve": self.serve if self.serve in (None, "demo") else Path(self.serve).name,
             "server_args": self.server_args,
         }
@@ -177,21 +200,21 @@ def _bool(name: str, value: Any) -> bool:
     raise _bad(name, value, "true or false")
 
 
-def _writable_report(value: str, base: Path) -> str:
+def _writable_report(value: str, base: Path, name: str = "report") -> str:
     path = Path(value).expanduser()
     if not path.is_absolute():
         path = base / path
     if path.is_dir():
-        raise _bad("report", value, "a file path, not a directory")
+        raise _bad(name, value, "a file path, not a directory")
     parent = path.parent
     if not parent.is_dir():
-        raise _bad("report", value, f"a path in an existing directory ({parent} does not exist)")
+        raise _bad(name, value, f"a path in an existing directory ({parent} does not exist)")
     try:
         fd, probe = tempfile.mkstemp(prefix=".cachecheck-", dir=str(parent))
         os.close(fd)
         os.unlink(probe)
     except OSError as exc:
-        raise _bad("report", value, f"a path in a writable directory ({parent}: {exc.strerror})") from None
+        raise _bad(name, value, f"a path in a writable directory ({parent}: {exc.strerror})") from None
     return str(path)
 
 
@@ -260,7 +283,21 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         raise _bad("serve", serve, "a path to a .gguf model file, or 'demo'")
     if raw.get("server_args") and not serve:
         raise ConfigError("--cachecheck-server-args goes with --cachecheck-serve")
+    fail_on = str(raw.get("fail_on") or "new-divergence").strip()
+    if fail_on not in FAIL_POLICIES:
+        raise _bad("fail_on", fail_on, "one of " + ", ".join(FAIL_POLICIES))
+    if raw.get("fail_on") and not raw.get("baseline"):
+        raise ConfigError("--cachecheck-fail-on goes with --cachecheck-baseline PATH")
+    baseline = raw.get("baseline")
+    if baseline:
+        bpath = Path(str(baseline)).expanduser()
+        baseline = str(bpath if bpath.is_absolute() else base_dir / bpath)
+    html = raw.get("html")
     return Settings(
+        html=_writable_report(str(html), base_dir, "html") if html else None,
+        baseline=baseline or None,
+        fail_on=fail_on,
+        max_rate=_float("max_rate", raw["max_rate"], 0.0, 1.0) if raw.get("max_rate") is not None else None,
         serve=str(serve).strip() if serve else None,
         server_args=raw.get("server_args") or None,
         url=url,

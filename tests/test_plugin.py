@@ -368,3 +368,70 @@ def test_cachecheck_fixture_skips_without_url(pytester):
     result = pytester.runpytest("-rs")
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*cachecheck: no server given*"])
+
+
+# -- gates: max rate and baseline -----------------------------------------------------------------------
+def test_max_rate_gate(pytester, emulator):
+    emu = emulator(diverge_on_hit={"bicycle"})  # 1 of 3 differs: rate 33%
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-max-rate=0.5", "-rx")
+    result.assert_outcomes(passed=2, xfailed=1)
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["cachecheck verdict: PASS*within --cachecheck-max-rate 0.5*"])
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-max-rate=0.2")
+    result.assert_outcomes(passed=2, xfailed=1)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["cachecheck verdict: FAIL (gate-failed): divergence rate 33.3% (1 of 3) "
+                                 "exceeds --cachecheck-max-rate 0.2"])
+
+
+def test_baseline_unchanged_new_divergence_and_html(pytester, emulator):
+    clean, flips = emulator(), emulator(diverge_on_hit={"bicycle"})
+    base = pytester.path / "before.json"
+    pytester.runpytest(f"--cachecheck-url={clean.url}", *SMALL, f"--cachecheck-report={base}")
+    again = pytester.runpytest(f"--cachecheck-url={clean.url}", *SMALL, f"--cachecheck-baseline={base}")
+    again.assert_outcomes(passed=3)
+    assert again.ret == 0
+    again.stdout.fnmatch_lines(["*cachecheck baseline comparison*", "*unchanged*"])
+    after = pytester.runpytest(f"--cachecheck-url={flips.url}", *SMALL, f"--cachecheck-baseline={base}",
+                               "--cachecheck-report=after.json", "--cachecheck-html=after.html")
+    after.assert_outcomes(passed=2, failed=1)
+    assert after.ret == 1
+    after.stdout.fnmatch_lines(["*bike-chain*newly diverged*", "*regressed*"])
+    data = json.loads((pytester.path / "after.json").read_text())
+    assert data["baseline"]["verdict"] == "regressed"
+    assert "bike-chain" in (pytester.path / "after.html").read_text()
+    # the same divergence against a baseline that had it too: an expected failure, the session passes
+    same_again = pytester.runpytest(f"--cachecheck-url={flips.url}", *SMALL, "--cachecheck-baseline=after.json")
+    same_again.assert_outcomes(passed=2, xfailed=1)
+    assert same_again.ret == 0
+    never = pytester.runpytest(f"--cachecheck-url={flips.url}", *SMALL, f"--cachecheck-baseline={base}",
+                               "--cachecheck-fail-on=never")
+    never.assert_outcomes(passed=2, xfailed=1)
+    assert never.ret == 0
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--cachecheck-baseline=nope.json"], "--cachecheck-baseline: *nope.json*"),
+    (["--cachecheck-fail-on=sometimes"], "--cachecheck-fail-on (ini cachecheck_fail_on): 'sometimes' is not "
+                                         "allowed; expected one of new-divergence, rate-increase, never"),
+    (["--cachecheck-max-rate=2"], "--cachecheck-max-rate"),
+    (["--cachecheck-html=no/dir/x.html"], "--cachecheck-html"),
+    (["--cachecheck-server-args=-v"], "--cachecheck-server-args goes with --cachecheck-serve"),
+    (["--cachecheck-serve=nofile.gguf"], "--cachecheck-serve*conflicts with --cachecheck-url"),
+])
+def test_gate_usage_errors(pytester, emulator, args, words):
+    emu = emulator()
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *args)
+    assert result.ret == 4
+    result.stderr.fnmatch_lines([f"*{words}*"])
+    assert chat_count(emu) == 0
+
+
+def test_serve_usage_errors_before_starting(pytester):
+    result = pytester.runpytest("--cachecheck-serve=nofile.gguf")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--cachecheck-serve: 'nofile.gguf' is not a model file*"])
+    pytester.path.joinpath("m.gguf").write_bytes(b"GGUF")
+    result = pytester.runpytest("--cachecheck-serve=m.gguf", "--cachecheck-server-args=--port 1")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*'--port' is set by the plugin itself*"])
