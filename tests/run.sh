@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The project's test command (README "Run the tests"; .ci/run calls exactly this).
+# Installs what the tests need, builds or reuses llama-server (cached under ~/.cache/pytest-cachecheck),
+# then runs the whole suite. Extra arguments go to pytest.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "tests/run.sh: installing Debian's chromium for the HTML render test" >&2
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
+    || echo "tests/run.sh: chromium could not be installed; the HTML render test skips (fails with CI set)" >&2
+fi
+python3 -m pytest_cachecheck.llama_server build >/dev/null
+exec python3 -m pytest "$@"
