@@ -42,16 +42,45 @@ class Step:
         return {"step": self.name, "server": self.server, **self.reply.to_dict()}
 
 
+#: a divergence is a near-tie when, at the first differing token, the top-1 minus top-2 logprob is below
+#: this on both paths: the two best tokens were so close that kernel rounding could swap them. Otherwise
+#: it is a large gap: at least one path was sure of its token, which is worth a closer look.
+NEAR_TIE_NATS = 0.1
+
+
 @dataclass
 class Divergence:
     char: int
     token: Optional[int]
     cache_excerpt: str
     recompute_excerpt: str
+    cache_token: Optional[str] = None
+    recompute_token: Optional[str] = None
+    cache_margin: Optional[float] = None
+    recompute_margin: Optional[float] = None
+
+    @property
+    def kind(self) -> Optional[str]:
+        if self.cache_margin is None or self.recompute_margin is None:
+            return None
+        return "near-tie" if max(self.cache_margin, self.recompute_margin) < NEAR_TIE_NATS else "large-gap"
+
+    def anatomy(self) -> Optional[str]:
+        if self.cache_token is None or self.recompute_token is None:
+            return None
+        text = f"token {self.token}: cache {self.cache_token!r} vs recompute {self.recompute_token!r}"
+        if self.kind is not None:
+            assert self.cache_margin is not None and self.recompute_margin is not None
+            text += (f"; top-2 logprob margin {self.cache_margin:.4f} (cache) and {self.recompute_margin:.4f} "
+                     f"(recompute) nats: {self.kind}")
+        return text
 
     def to_dict(self) -> Dict[str, Any]:
         return {"char": self.char, "token": self.token, "cache_excerpt": self.cache_excerpt,
-                "recompute_excerpt": self.recompute_excerpt}
+                "recompute_excerpt": self.recompute_excerpt, "cache_token": self.cache_token,
+                "recompute_token": self.recompute_token, "cache_margin": self.cache_margin,
+                "recompute_margin": self.recompute_margin, "kind": self.kind,
+                "near_tie_threshold": NEAR_TIE_NATS}
 
 
 @dataclass
@@ -97,9 +126,11 @@ class ProbeResult:
         if self.outcome == DIFFERENT and self.divergence is not None:
             d = self.divergence
             where = f"character {d.char}" + (f" (token {d.token})" if d.token is not None else "")
-            return (f"cache path and recompute path gave different turn-2 answers, from {where}\n"
+            text = (f"cache path and recompute path gave different turn-2 answers, from {where}\n"
                     f"  cache:     {d.cache_excerpt}\n"
                     f"  recompute: {d.recompute_excerpt}")
+            anatomy = d.anatomy()
+            return text + (f"\n  at {anatomy}" if anatomy else "")
         return self.reason
 
     def to_dict(self) -> Dict[str, Any]:
@@ -146,6 +177,16 @@ def _first_token_difference(a: Optional[List[str]], b: Optional[List[str]]) -> O
         if x != y:
             return i
     return min(len(a), len(b)) if len(a) != len(b) else None
+
+
+def _token_parting(a: Optional[List[Any]], b: Optional[List[Any]]) -> Optional[Tuple[int, Any, Any]]:
+    """(index, cache entry, recompute entry) of the first token where the two answers part."""
+    if not a or not b:
+        return None
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x[0] != y[0]:
+            return i, x, y
+    return None
 
 
 class MissingCounter(ServerSetupError):
@@ -265,7 +306,9 @@ class Runner:
 
     def _ask(self, result: ProbeResult, name: str, server: str, client: ChatClient,
              messages: List[Dict[str, str]], fields: Dict[str, Any]) -> Reply:
-        reply = client.chat(messages, max_tokens=self.settings.max_tokens, cache=fields)
+        # every turn-2 request (both paths, both runs) asks for logprobs alike, turn 1 never
+        want = self.settings.logprobs and name.endswith("turn-2")
+        reply = client.chat(messages, max_tokens=self.settings.max_tokens, cache=fields, logprobs=want)
         result.steps.append(Step(name, server, reply))
         if reply.cached_tokens is None and not self.settings.skip_hit_check:
             raise MissingCounter(
@@ -350,7 +393,13 @@ class Runner:
             result.outcome = SAME
             return
         result.outcome = DIFFERENT
-        token = _first_token_difference(target.cache.token_pieces(cache_answer),
-                                        target.cache.token_pieces(recompute_answer))
-        result.divergence = Divergence(at, token, excerpt(cache_answer, at), excerpt(recompute_answer, at))
+        divergence = Divergence(at, None, excerpt(cache_answer, at), excerpt(recompute_answer, at))
+        parted = _token_parting(by["cache-1/turn-2"].logprobs, by["recompute-1/turn-2"].logprobs)
+        if parted is not None:
+            divergence.token, (divergence.cache_token, _, divergence.cache_margin), \
+                (divergence.recompute_token, _, divergence.recompute_margin) = parted
+        else:
+            divergence.token = _first_token_difference(target.cache.token_pieces(cache_answer),
+                                                       target.cache.token_pieces(recompute_answer))
+        result.divergence = divergence
         result.reason = result.message()

@@ -75,6 +75,9 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("max_rate", "--cachecheck-max-rate",
                "fail the session when the divergence rate (different / valid) exceeds R; divergent probes "
                "are then reported as expected failures", metavar="R"),
+    OptionSpec("no_logprobs", "--cachecheck-no-logprobs",
+               "do not ask for top-2 logprobs on turn-2 requests (they give each divergence its margin)",
+               kind="bool"),
     OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server",
                "CACHECHECK_API_KEY", metavar="KEY"),
     OptionSpec("serve", "--cachecheck-serve",
@@ -114,6 +117,7 @@ class Settings:
     baseline: Optional[str] = None
     fail_on: str = "new-divergence"
     max_rate: Optional[float] = None
+    logprobs: bool = True
 
     @property
     def gated(self) -> bool:
@@ -138,6 +142,7 @@ class Settings:
             "baseline": self.baseline,
             "fail_on": self.fail_on,
             "max_rate": self.max_rate,
+            "logprobs": self.logprobs,
             "serve": self.serve if self.serve in (None, "demo") else Path(self.serve).name,
             "server_args": self.server_args,
         }
@@ -298,6 +303,7 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         baseline=baseline or None,
         fail_on=fail_on,
         max_rate=_float("max_rate", raw["max_rate"], 0.0, 1.0) if raw.get("max_rate") is not None else None,
+        logprobs=not _bool("no_logprobs", raw.get("no_logprobs") or False),
         serve=str(serve).strip() if serve else None,
         server_args=raw.get("server_args") or None,
         url=url,
@@ -341,4 +347,6 @@ def reproduce_args(settings: Settings, probe_count: int) -> Sequence[str]:
         args.append(f"--cachecheck-hit-tolerance={settings.hit_tolerance}")
     if settings.skip_hit_check:
         args.append("--cachecheck-skip-hit-check")
+    if not settings.logprobs:
+        args.append("--cachecheck-no-logprobs")
     return args

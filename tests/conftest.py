@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Iterator, List
 
 import pytest
 
+from pytest_cachecheck.llama_server import cache_dir
 from tests.support.emulator import Emulator, EmulatorConfig
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # pytester points HOME at a temporary folder; keep the llama-server build and the tiny models in
+    # the real cache, resolved once here, for this process and every subprocess it starts
+    os.environ.setdefault("CACHECHECK_CACHE_DIR", str(cache_dir()))
 
 
 @pytest.fixture(autouse=True)

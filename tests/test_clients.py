@@ -171,3 +171,16 @@ def test_sglang_null_details_mean_zero_only_with_reporting_on(reporting, expecte
     details = {} if reporting is None else {"enable_cache_report": reporting}
     client = OpenAICompatClient(Http(URL), ServerInfo(kind="sglang", model="m1", details=details))
     assert client.chat(MSGS, max_tokens=8, cache={}).cached_tokens == expected
+
+
+@responses.activate
+def test_logprobs_requested_and_parsed():
+    body = chat_body(cached=0, timings={"cache_n": 0})
+    body["choices"][0]["logprobs"] = {"content": [
+        {"token": " hi", "logprob": -0.2, "top_logprobs": [{"token": " hi", "logprob": -0.2},
+                                                          {"token": " yo", "logprob": -1.7}]}]}
+    responses.post(CHAT, json=body)
+    reply = llama().chat(MSGS, max_tokens=8, cache={}, logprobs=True)
+    sent = json.loads(responses.calls[0].request.body)
+    assert sent["logprobs"] is True and sent["top_logprobs"] == 2 and "prompt_logprobs" not in sent
+    assert reply.logprobs == [(" hi", -0.2, pytest.approx(1.5))]

@@ -2,19 +2,22 @@
 
 The llama-server binary is found or built once (cached under ~/.cache/pytest-cachecheck); with ``CI`` set,
 failing to obtain it fails these tests instead of skipping them. What the server does (same or
-different) is recorded and reported, never assumed.
+different) is recorded and reported, never assumed. Each plugin run is a real ``pytest`` subprocess,
+made once per session and shared by the tests that read it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
-import pytest_cachecheck.tinymodel  # noqa: F401  numpy must be imported before pytester snapshots sys.modules
 from pytest_cachecheck.llama_server import LlamaServer
 from pytest_cachecheck.serve import demo_model, ensure_llama_server
 
@@ -60,98 +63,160 @@ def llama_servers(llama_binary: str) -> Iterator[Callable[..., LlamaServer]]:
         server.stop()
 
 
-def run_plugin(pytester: pytest.Pytester, *args: str) -> Tuple[Any, Dict[str, Any]]:
-    report = pytester.path / "report.json"
-    result = pytester.runpytest(*args, f"--cachecheck-report={report}", "-p", "no:cacheprovider", "-rfs")
-    return result, json.loads(report.read_text())
+@dataclass
+class Run:
+    ret: int
+    out: str
+    data: Dict[str, Any]
+    report: Path
+
+    def counts(self) -> Dict[str, int]:
+        counts: Dict[str, int] = {}
+        for p in self.data["probes"]:
+            counts[p["outcome"]] = counts.get(p["outcome"], 0) + 1
+        return counts
+
+    def figures(self, label: str) -> None:
+        s = self.data["summary"]
+        print(f"\nMEASURED {label}: {s['different']} of {s['valid']} valid probes differed "
+              f"({s['inconclusive']} inconclusive, {s['errors']} errors) "
+              f"{[p['id'] for p in self.data['probes'] if p['outcome'] == 'different']}")
 
 
-def outcome_counts(data: Dict[str, Any]) -> Dict[str, int]:
-    counts: Dict[str, int] = {}
-    for p in data["probes"]:
-        counts[p["outcome"]] = counts.get(p["outcome"], 0) + 1
-    return counts
+@pytest.fixture(scope="session")
+def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
+    """Run ``pytest`` with the plugin in an empty folder (a subprocess), once per set of arguments."""
+    done: Dict[Tuple[str, ...], Run] = {}
+
+    def run(*args: str) -> Run:
+        if args not in done:
+            folder = tmp_path_factory.mktemp("run")
+            report = folder / "report.json"
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHECHECK_URL", "CACHECHECK_API"))}
+            proc = subprocess.run([sys.executable, "-m", "pytest", *args, f"--cachecheck-report={report}",
+                                   "-p", "no:cacheprovider", "-rfEs"], cwd=folder, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
+            assert report.is_file(), proc.stdout[-4000:]
+            done[args] = Run(proc.returncode, proc.stdout, json.loads(report.read_text()), report)
+        return done[args]
+
+    return run
 
 
-def assert_hits_cover_turn1(probe: Dict[str, Any], exact: bool) -> None:
+def assert_hits_cover_turn1(probe: Dict[str, Any]) -> None:
     for hit in probe["checks"]["cache_hits"]:
         assert hit["cached_tokens"] > hit["turn1_prompt_tokens"], probe["id"]
-        if exact:  # llama-server reuses token by token: prompt + answer - 1, nothing less
-            assert hit["cached_tokens"] == hit["full_reuse"], (probe["id"], hit)
+        # llama-server reuses token by token: exactly turn-1 prompt + answer - 1
+        assert hit["cached_tokens"] == hit["full_reuse"], (probe["id"], hit)
     for req in probe["requests"]:
         if req["step"].startswith("recompute") or req["step"].endswith("turn-1"):
             assert req["cached_tokens"] == 0, (probe["id"], req)
 
 
-def report_figures(label: str, data: Dict[str, Any]) -> None:
-    s = data["summary"]
-    print(f"\nMEASURED {label}: {s['different']} of {s['valid']} valid probes differed "
-          f"({s['inconclusive']} inconclusive, {s['errors']} errors), server {data['server']['build']}")
+def check_llama_cpp_run(run: Run) -> None:
+    counts = run.counts()
+    assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, run.out[-4000:]
+    assert len(run.data["probes"]) == 20
+    different = counts.get("different", 0)
+    assert f"{counts.get('same', 0) + 0} passed" in run.out if not different else f"{different} failed" in run.out
+    assert run.ret == (1 if different else 0)
+    assert f"{different} of 20 valid probes gave a different turn-2 answer on the cache path." in run.out
+    assert run.data["mode"] == "llama.cpp" and run.data["server"]["kind"] == "llama.cpp"
+    assert run.data["server"]["build"] and run.data["server"]["details"]["total_slots"] == 1
+    for probe in run.data["probes"]:
+        assert_hits_cover_turn1(probe)
+        assert len(probe["requests"]) == 6
+        if probe["outcome"] == "different":
+            d = probe["divergence"]
+            # llama-server names the token and both paths' top-2 margins
+            assert d["token"] is not None and d["cache_token"] != d["recompute_token"]
+            assert d["cache_margin"] is not None and d["recompute_margin"] is not None
+            assert d["kind"] in ("near-tie", "large-gap")
 
 
 @pytest.mark.parametrize("ftype", ["f32", "q4_0"])
-def test_llama_cpp_mode_builtin_probes(pytester, llama_servers, ftype):
-    server = llama_servers(ftype)
-    result, data = run_plugin(pytester, f"--cachecheck-url={server.url}")
-    report_figures(f"llama.cpp mode, tiny {ftype}", data)
-    counts = outcome_counts(data)
-    assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, result.stdout.str()[-3000:]
-    assert len(data["probes"]) == 20
-    result.assert_outcomes(passed=counts.get("same", 0), failed=counts.get("different", 0))
-    assert result.ret == (1 if counts.get("different") else 0)
-    assert data["mode"] == "llama.cpp" and data["server"]["kind"] == "llama.cpp"
-    assert data["server"]["build"] and data["server"]["details"]["total_slots"] == 1
-    for probe in data["probes"]:
-        assert_hits_cover_turn1(probe, exact=True)
-        assert len(probe["requests"]) == 6
-        if probe["outcome"] == "different":
-            assert probe["divergence"]["token"] is not None  # llama-server can say which token
-    result.stdout.fnmatch_lines([f"{counts.get('different', 0)} of 20 valid probes gave a different turn-2 "
-                                 f"answer on the cache path."])
+def test_llama_cpp_mode_builtin_probes(plugin_run, llama_servers, ftype):
+    run = plugin_run(f"--cachecheck-url={llama_servers(ftype).url}")
+    run.figures(f"llama.cpp mode, tiny {ftype}")
+    check_llama_cpp_run(run)
 
 
-def test_two_servers_mode(pytester, llama_servers):
+def test_logprobs_change_neither_answers_nor_cache_use(plugin_run, llama_servers):
+    url = llama_servers("f32").url
+    with_lp = plugin_run(f"--cachecheck-url={url}")
+    without = plugin_run(f"--cachecheck-url={url}", "--cachecheck-no-logprobs", "--cachecheck-n=8")
+    for a, b in zip(with_lp.data["probes"], without.data["probes"]):
+        assert a["id"] == b["id"]
+        assert a["answers"] == b["answers"], a["id"]
+        assert [r["cached_tokens"] for r in a["requests"]] == [r["cached_tokens"] for r in b["requests"]]
+        assert a["outcome"] == b["outcome"]
+
+
+def test_two_servers_mode(plugin_run, llama_servers):
     cache = llama_servers("f32")
     nocache = llama_servers("f32", "--no-cache-prompt")
-    result, data = run_plugin(pytester, f"--cachecheck-url={cache.url}", f"--cachecheck-nocache-url={nocache.url}",
-                              "--cachecheck-n=8")
-    report_figures("two-servers mode, tiny f32", data)
-    counts = outcome_counts(data)
-    assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, result.stdout.str()[-3000:]
-    assert data["mode"] == "two-servers" and data["nocache_server"]["kind"] == "llama.cpp"
-    for probe in data["probes"]:
-        assert_hits_cover_turn1(probe, exact=True)
+    run = plugin_run(f"--cachecheck-url={cache.url}", f"--cachecheck-nocache-url={nocache.url}", "--cachecheck-n=8")
+    run.figures("two-servers mode, tiny f32")
+    counts = run.counts()
+    assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, run.out[-4000:]
+    assert run.data["mode"] == "two-servers" and run.data["nocache_server"]["kind"] == "llama.cpp"
+    for probe in run.data["probes"]:
+        assert_hits_cover_turn1(probe)
         assert [r["server"] for r in probe["requests"]][-2:] == ["nocache", "nocache"]
 
 
-def test_both_caches_off_control(pytester, llama_servers):
+def test_both_caches_off_control(plugin_run, llama_servers):
     first = llama_servers("f32", "--no-cache-prompt")
     second = llama_servers("f32", "--no-cache-prompt", copy=1)
-    result, data = run_plugin(pytester, f"--cachecheck-url={first.url}", f"--cachecheck-nocache-url={second.url}",
-                              "--cachecheck-skip-hit-check", "--cachecheck-n=8")
-    report_figures("both caches off (control), tiny f32", data)
-    assert outcome_counts(data) == {"same": 8}, result.stdout.str()[-3000:]
-    for probe in data["probes"]:
+    run = plugin_run(f"--cachecheck-url={first.url}", f"--cachecheck-nocache-url={second.url}",
+                     "--cachecheck-skip-hit-check")
+    run.figures("both caches off (control), tiny f32")
+    assert run.counts() == {"same": 20}, run.out[-4000:]
+    for probe in run.data["probes"]:
         assert all(r["cached_tokens"] == 0 for r in probe["requests"])  # really no cache anywhere
-    result.assert_outcomes(passed=8)
-    assert result.ret == 0
+    assert run.ret == 0 and "20 passed" in run.out
 
 
-def test_two_urls_reaching_one_server(pytester, llama_servers):
+def test_two_urls_reaching_one_server(plugin_run, llama_servers):
     server = llama_servers("f32")
-    other = server.url.replace("127.0.0.1", "localhost")
-    result, data = run_plugin(pytester, f"--cachecheck-url={server.url}", f"--cachecheck-nocache-url={other}",
-                              "--cachecheck-n=3")
-    assert outcome_counts(data) == {"inconclusive": 3}
-    assert "both URLs reach the same server" in data["summary"]["recompute_reuse_cause"]
-    result.stdout.fnmatch_lines(["cause: *likely both URLs reach the same server*"])
-    assert result.ret != 0
+    run = plugin_run(f"--cachecheck-url={server.url}",
+                     f"--cachecheck-nocache-url={server.url.replace('127.0.0.1', 'localhost')}", "--cachecheck-n=3")
+    assert run.counts() == {"inconclusive": 3}
+    assert "both URLs reach the same server" in run.data["summary"]["recompute_reuse_cause"]
+    assert "cause: the recompute path reused cached tokens on every probe: likely both URLs" in run.out
+    assert run.ret != 0
 
 
-def test_serve_demo(pytester, llama_binary):
-    result, data = run_plugin(pytester, "--cachecheck-serve=demo", "--cachecheck-n=2")
-    result.stdout.fnmatch_lines(["cachecheck: serving the demo model: tiny, RANDOM weights*",
-                                 "cachecheck: mode llama.cpp (auto-detected)*"])
-    assert data["served"]["demo"] is True and data["served"]["log_tail"]
-    assert sum(outcome_counts(data).get(k, 0) for k in ("same", "different")) == 2
-    assert result.ret in (0, 1)
+def test_baseline_on_real_runs(plugin_run, llama_servers):
+    """Against its own report a run is unchanged and passes; against a run where every probe was the same
+    (the both-caches-off control), the probes that differ now are named as newly diverged and fail it."""
+    url = llama_servers("f32").url
+    first = plugin_run(f"--cachecheck-url={url}")
+    again = plugin_run(f"--cachecheck-url={url}", f"--cachecheck-baseline={first.report}")
+    cmp = again.data["baseline"]
+    assert cmp["verdict"] == "unchanged", again.out[-3000:]
+    assert again.ret == 0
+    control = llama_servers("f32", "--no-cache-prompt")
+    control_run = plugin_run(f"--cachecheck-url={control.url}",
+                             f"--cachecheck-nocache-url={llama_servers('f32', '--no-cache-prompt', copy=1).url}",
+                             "--cachecheck-skip-hit-check")
+    against_control = plugin_run(f"--cachecheck-url={url}", f"--cachecheck-baseline={control_run.report}")
+    differing = sorted(p["id"] for p in against_control.data["probes"] if p["outcome"] == "different")
+    newly = sorted(r["id"] for r in against_control.data["baseline"]["rows"] if r["status"] == "newly diverged")
+    print(f"\nMEASURED baseline (control -> llama.cpp mode, tiny f32): newly diverged {newly}")
+    assert newly == differing
+    if not differing:
+        pytest.skip("no probe diverged on this build, so nothing could be newly diverged")
+    assert against_control.ret == 1
+    for pid in differing:
+        assert pid in against_control.out
+    assert against_control.data["baseline"]["verdict"] == "regressed"
+
+
+def test_serve_demo(plugin_run, llama_binary):
+    run = plugin_run("--cachecheck-serve=demo", "--cachecheck-n=2")
+    assert "cachecheck: serving the demo model: tiny, RANDOM weights" in run.out
+    assert "cachecheck: mode llama.cpp (auto-detected)" in run.out
+    assert run.data["served"]["demo"] is True and run.data["served"]["log_tail"]
+    assert sum(run.counts().get(k, 0) for k in ("same", "different")) == 2
+    assert run.ret in (0, 1)

@@ -5,8 +5,9 @@ output, and the session goes on with the next probe. A server that dies, an inte
 that cannot be written and bad option values are each checked for what the user sees and for what is (or
 is not) sent; conversation text must reach the server byte for byte.
 
-Every run passes ``-p no:hypothesispytest``: Hypothesis' terminal summary re-imports Hypothesis in each
-pytester run (pytester restores ``sys.modules``), which costs seconds per run and tests nothing here.
+Every run passes ``-p no:hypothesispytest -p no:benchmark``: pytester restores ``sys.modules`` after each
+in-process run, so those plugins (and Hypothesis, which its terminal summary imports) would be imported and
+assertion-rewritten again in every run: seconds per run, and nothing here needs them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,16 @@ from typing import Any, Dict, List
 
 import pytest
 
-FAST = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest"]
+from tests.support import emulator as emulator_module
+
+FAST = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark"]
+
+
+@pytest.fixture(autouse=True)
+def _emulator_without_nagle(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The emulator writes headers and body in two sends; with Nagle's algorithm on, the body waits for the
+    # client's delayed ACK (~40 ms a request, ~0.25 s a probe). TCP_NODELAY changes no byte on the wire.
+    monkeypatch.setattr(emulator_module._Handler, "disable_nagle_algorithm", True)
 BUILTIN_ORDER = ["tea-steeping", "bike-chain", "bread-rising", "moon-phases", "houseplant-watering"]
 
 
@@ -190,7 +200,8 @@ def test_unwritable_report_is_a_usage_error_before_any_request(pytester, emulato
                                        "FILE named like the directory")
 def test_report_path_with_trailing_slash_is_refused(pytester, emulator):
     emu = emulator()
-    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-report=newdir/", *FAST)
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-report=newdir/", "--cachecheck-n=1",
+                                *FAST)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert emu.requests_log == []
 
@@ -200,7 +211,8 @@ def test_report_path_with_trailing_slash_is_refused(pytester, emulator):
 @pytest.mark.parametrize("option", ["--cachecheck-report", "--cachecheck-probes"])
 def test_unknown_home_directory_is_a_usage_error(pytester, emulator, option):
     emu = emulator()
-    result = pytester.runpytest(f"--cachecheck-url={emu.url}", f"{option}=~no-such-user-cc/x.json", *FAST)
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", f"{option}=~no-such-user-cc/x.json",
+                                "--cachecheck-n=1", *FAST)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert option in result.stderr.str()
 
@@ -299,8 +311,14 @@ BAD = [
     # policies and files
     (["--cachecheck-fail-on=never"], "--cachecheck-fail-on goes with --cachecheck-baseline"),
     (["--cachecheck-html=plainfile/x.html"], "--cachecheck-html*'plainfile/x.html'"),
-    (["--cachecheck-probes=plainfile"], "bad probe file*plainfile*"),
-    (["--cachecheck-probes=."], "bad probe file*"),
+    pytest.param(["--cachecheck-probes=plainfile"], "bad probe file*plainfile*",
+                 marks=pytest.mark.xfail(strict=True, reason="BUG: a bad probe file's usage error does not name "
+                                                             "--cachecheck-probes (only 'bad probe file: PATH')"),
+                 id="probes-not-json"),
+    pytest.param(["--cachecheck-probes=."], "bad probe file*is a directory",
+                 marks=pytest.mark.xfail(strict=True, reason="BUG: a bad probe file's usage error does not name "
+                                                             "--cachecheck-probes (only 'bad probe file: PATH')"),
+                 id="probes-directory"),
     pytest.param(["--cachecheck-report="], "--cachecheck-report",
                  marks=pytest.mark.xfail(strict=True, reason="BUG: an empty --cachecheck-report= is silently "
                                                              "ignored (no report, exit 0), unlike an empty "
@@ -336,16 +354,17 @@ def _bad_id(case: Any) -> str:
 def test_bad_option_value_is_a_usage_error(pytester, emulator, args, words):
     emu = emulator()
     (pytester.path / "plainfile").write_text("x")
+    option = next(a.split("=")[0] for a in args if a.startswith("--"))
     args = [a.replace("URL", emu.url) if a.startswith("--cachecheck-") and "URL" in a else a for a in args]
     if "NOURL" in args:
         args.remove("NOURL")
     elif not any(a.startswith("--cachecheck-url") for a in args):
         args.insert(0, f"--cachecheck-url={emu.url}")
-    result = pytester.runpytest(*args, *FAST)
+    # one probe at most, should a bad value get through (a case's own --cachecheck-n comes later and wins)
+    result = pytester.runpytest("--cachecheck-n=1", *args, *FAST)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     result.stderr.fnmatch_lines([f"*{words}*"])
-    option = next(a.split("=")[0] for a in args if a.startswith("-") and a != "-n")
-    assert option.split("=")[0] in result.stderr.str() or option == "--dist"
+    assert option in result.stderr.str()
     assert emu.requests_log == []
 
 

@@ -25,13 +25,14 @@ class Scripted(ChatClient):
         self.calls: List[Dict[str, Any]] = []
         self.pieces = pieces
 
-    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int, cache: Dict[str, Any]) -> Reply:
-        self.calls.append({"messages": messages, "cache": dict(cache)})
+    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int, cache: Dict[str, Any],
+             logprobs: bool = False) -> Reply:
+        self.calls.append({"messages": messages, "cache": dict(cache), "logprobs": logprobs})
         item = self.script.pop(0)
         if isinstance(item, Exception):
             raise item
-        content, prompt, completion, cached = item
-        return Reply(content, "stop", prompt, completion, cached)
+        content, prompt, completion, cached = item[:4]
+        return Reply(content, "stop", prompt, completion, cached, item[4] if len(item) > 4 else None)
 
     def token_pieces(self, text: str) -> Optional[List[str]]:
         return text.split(" ") if self.pieces else None
@@ -181,3 +182,28 @@ def test_first_difference_and_excerpt():
     text = "x" * 100 + "\nEND"
     shown = excerpt(text, 100)
     assert shown.startswith("...") and "\\n" in shown and ">>>" in shown
+
+
+def test_logprobs_only_on_turn_2_and_divergence_anatomy():
+    cache_lp = [("short", -0.1, 2.0), (" green", -0.70, 0.05), (" tea", -0.1, 3.0)]
+    re_lp = [("short", -0.1, 2.0), (" black", -0.69, 0.02), (" tea", -0.1, 3.0)]
+    script = good_script(t2_cache="short green tea", t2_re="short black tea")
+    for i in (1, 3):
+        script[i] = script[i] + (cache_lp,)
+    for i in (4, 5):
+        script[i] = script[i] + (re_lp,)
+    result, client, _ = run("llama.cpp", script)
+    assert [c["logprobs"] for c in client.calls] == [False, True, False, True, True, True]
+    d = result.divergence
+    assert (d.token, d.cache_token, d.recompute_token) == (1, " green", " black")
+    assert d.kind == "near-tie" and d.to_dict()["kind"] == "near-tie"
+    assert "cache ' green' vs recompute ' black'" in result.message() and "near-tie" in result.message()
+    script[1] = script[1][:4] + ([("short", -0.1, 2.0), (" green", -0.01, 4.0), (" tea", -0.1, 3.0)],)
+    script[3] = script[1]
+    result, _, _ = run("llama.cpp", script)
+    assert result.divergence.kind == "large-gap"
+
+
+def test_no_logprobs_setting():
+    result, client, _ = run("llama.cpp", good_script(), logprobs=False)
+    assert not any(c["logprobs"] for c in client.calls)

@@ -26,7 +26,8 @@ class Reply:
     prompt_tokens: Optional[int]
     completion_tokens: Optional[int]
     cached_tokens: Optional[int]  # None = the server did not report it (unknown, never 0)
-    tokens: Optional[List[str]] = None  # answer token pieces, where the server gave them
+    #: per answer token (token text, its logprob, top-1 minus top-2 logprob), where logprobs were asked for
+    logprobs: Optional[List[Tuple[str, Optional[float], Optional[float]]]] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -203,13 +204,18 @@ class ChatClient:
         return REPORTING_FLAGS.get(self.info.kind, REPORTING_FLAGS["openai"])
 
     def chat(self, messages: List[Dict[str, str]], *, max_tokens: int,
-             cache: Dict[str, Any]) -> Reply:
+             cache: Dict[str, Any], logprobs: bool = False) -> Reply:
         """One greedy, non-streamed chat completion. ``cache`` holds the mode's cache fields."""
         raise NotImplementedError
 
     def token_pieces(self, text: str) -> Optional[List[str]]:
         """The text as the server's tokens, where the server can say; else None."""
         return None
+
+    @staticmethod
+    def logprob_fields(want: bool) -> Dict[str, Any]:
+        """Ask for the top-2 logprobs of each answer token (never prompt logprobs: they bypass caches)."""
+        return {"logprobs": True, "top_logprobs": 2} if want else {}
 
     @staticmethod
     def parse_choice(data: Dict[str, Any], where: str) -> Tuple[str, Optional[str], Dict[str, Any]]:
@@ -223,6 +229,24 @@ class ChatClient:
         if not isinstance(usage, dict):
             raise RequestError(f"{where}: the response has no usage counts", where=where)
         return message["content"], choices[0].get("finish_reason"), usage
+
+
+def parse_logprobs(choice: Dict[str, Any]) -> Optional[List[Tuple[str, Optional[float], Optional[float]]]]:
+    """OpenAI-style ``choices[0].logprobs.content`` as (token, logprob, top-2 margin) per token."""
+    block = choice.get("logprobs")
+    content = block.get("content") if isinstance(block, dict) else None
+    if not isinstance(content, list):
+        return None
+    out: List[Tuple[str, Optional[float], Optional[float]]] = []
+    for entry in content:
+        if not isinstance(entry, dict) or not isinstance(entry.get("token"), str):
+            return None
+        top = [t.get("logprob") for t in entry.get("top_logprobs") or [] if isinstance(t, dict)]
+        top = sorted((float(x) for x in top if isinstance(x, (int, float))), reverse=True)
+        margin = top[0] - top[1] if len(top) >= 2 else None
+        lp = entry.get("logprob")
+        out.append((entry["token"], float(lp) if isinstance(lp, (int, float)) else None, margin))
+    return out
 
 
 def int_or_none(value: Any) -> Optional[int]:

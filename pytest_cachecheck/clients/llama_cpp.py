@@ -9,13 +9,14 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from ..errors import RequestError
-from .base import ChatClient, Reply, int_or_none
+from .base import ChatClient, Reply, int_or_none, parse_logprobs
 
 
 class LlamaCppClient(ChatClient):
     kind = "llama.cpp"
 
-    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int, cache: Dict[str, Any]) -> Reply:
+    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int, cache: Dict[str, Any],
+             logprobs: bool = False) -> Reply:
         body: Dict[str, Any] = {
             "messages": messages,
             "temperature": 0,
@@ -24,6 +25,7 @@ class LlamaCppClient(ChatClient):
             "samplers": ["temperature"],
             "id_slot": 0,
         }
+        body.update(self.logprob_fields(logprobs))
         body.update(cache)
         where = f"POST /v1/chat/completions to {self.http.shown}"
         data = self.http.post("/v1/chat/completions", body)
@@ -40,7 +42,7 @@ class LlamaCppClient(ChatClient):
         completion = int_or_none(usage.get("completion_tokens"))
         if prompt is None or completion is None:
             raise RequestError(f"{where}: usage lacks prompt_tokens or completion_tokens", where=where)
-        return Reply(content, finish, prompt, completion, cached)
+        return Reply(content, finish, prompt, completion, cached, parse_logprobs(data["choices"][0]))
 
     def token_pieces(self, text: str) -> Optional[List[str]]:
         try:

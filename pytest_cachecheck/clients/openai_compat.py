@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any, Dict, List, Optional
 
 from ..errors import RequestError
-from .base import ChatClient, Reply, int_or_none
+from .base import ChatClient, Reply, int_or_none, parse_logprobs
 
 class OpenAICompatClient(ChatClient):
     kind = "openai"
 
-    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int, cache: Dict[str, Any]) -> Reply:
+    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int, cache: Dict[str, Any],
+             logprobs: bool = False) -> Reply:
         body: Dict[str, Any] = {
             "model": self.info.model,
             "messages": messages,
@@ -29,6 +30,7 @@ class OpenAICompatClient(ChatClient):
         if self.info.kind in ("vllm", "sglang"):
             # a model's generation_config may carry a repetition penalty that acts even at temperature 0
             body["repetition_penalty"] = 1.0
+        body.update(self.logprob_fields(logprobs))
         body.update(cache)
         where = f"POST /v1/chat/completions to {self.http.shown}"
         data = self.http.post("/v1/chat/completions", body)
@@ -43,7 +45,7 @@ class OpenAICompatClient(ChatClient):
         completion = int_or_none(usage.get("completion_tokens"))
         if prompt is None or completion is None:
             raise RequestError(f"{where}: usage lacks prompt_tokens or completion_tokens", where=where)
-        return Reply(content, finish, prompt, completion, cached)
+        return Reply(content, finish, prompt, completion, cached, parse_logprobs(data["choices"][0]))
 
     def token_pieces(self, text: str) -> Optional[List[str]]:
         return None
