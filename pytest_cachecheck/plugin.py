@@ -182,6 +182,9 @@ def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
         how = " (auto-detected)" if s.mode == "auto" else ""
         desc = (f"cachecheck: mode {target.mode}{how} | server {server.kind} {server.build or ''} | "
                 f"model {server.model or '?'}")
+        if target.hit_tolerance is not None:
+            desc += (f" | hit_tolerance raised to {target.hit_tolerance} for the server's "
+                     f"{target.hit_tolerance + 1}-token cache blocks")
     except (RequestError, ServerSetupError) as exc:
         desc = f"cachecheck: mode {s.mode} | server not usable: {exc}"
     lines = []

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .clients import CLIENTS, ChatClient, Http, Reply, ServerInfo
-from .detect import detect_server
+from .detect import block_size, detect_server, setup_problems
 from .errors import RequestError, ServerSetupError
 from .probes import Probe
 from .redact import Redactor, display_url
@@ -200,9 +200,11 @@ class Target:
     mode: str
     cache: ChatClient
     nocache: Optional[ChatClient]
+    hit_tolerance: Optional[int] = None  # None: as configured; set from the server's block size
 
     def describe(self) -> Dict[str, Any]:
-        out: Dict[str, Any] = {"mode": self.mode, "server": self.cache.info.to_dict()}
+        out: Dict[str, Any] = {"mode": self.mode, "server": self.cache.info.to_dict(),
+                               "hit_tolerance": self.hit_tolerance}
         if self.nocache is not None:
             out["nocache_server"] = self.nocache.info.to_dict()
         return out
@@ -261,9 +263,21 @@ class Runner:
         if mode == "two-servers":
             assert s.nocache_url is not None
             http2 = self._http(s.nocache_url)
-            info2 = detect_server(http2, s.model or (info.model if info.kind != "llama.cpp" else None))
+            info2 = detect_server(http2, s.model, prefer=info.model)
             nocache = CLIENTS[info2.kind](http2, info2)
-        return Target(mode, cache, nocache)
+        problems = setup_problems(mode, info, nocache.info if nocache else None)
+        tolerance = s.hit_tolerance
+        block = block_size(info)
+        if block is not None and block - 1 > tolerance:
+            if s.hit_tolerance_given:
+                problems.append(f"the server caches in blocks of {block} tokens, so hits are rounded down by up "
+                                f"to {block - 1}; --cachecheck-hit-tolerance {tolerance} is too small (use at "
+                                f"least {block - 1})")
+            else:
+                tolerance = block - 1
+        if problems:
+            raise ServerSetupError("the server setup would spoil the measurement: " + "; ".join(problems))
+        return Target(mode, cache, nocache, tolerance)
 
     # -- one probe --------------------------------------------------------------------------------
     def run(self, probe: Probe) -> ProbeResult:
@@ -336,9 +350,10 @@ class Runner:
 
     def _judge(self, target: Target, result: ProbeResult) -> None:
         s = self.settings
+        tolerance = target.hit_tolerance if target.hit_tolerance is not None else s.hit_tolerance
         by = {st.name: st.reply for st in result.steps}
         problems: List[str] = []
-        checks: Dict[str, Any] = {"hit_tolerance": s.hit_tolerance, "skip_hit_check": s.skip_hit_check}
+        checks: Dict[str, Any] = {"hit_tolerance": tolerance, "skip_hit_check": s.skip_hit_check}
 
         def compare(a: str, b: str, what: str) -> None:
             at = first_difference(by[a].content, by[b].content)
@@ -354,7 +369,7 @@ class Runner:
             t1, t2 = by[f"cache-{run}/turn-1"], by[f"cache-{run}/turn-2"]
             assert t1.prompt_tokens is not None and t1.completion_tokens is not None
             full = t1.prompt_tokens + t1.completion_tokens - 1
-            need = max(full - s.hit_tolerance, 0)
+            need = max(full - tolerance, 0)
             hits.append({"run": run, "cached_tokens": t2.cached_tokens, "turn1_prompt_tokens": t1.prompt_tokens,
                          "turn1_answer_tokens": t1.completion_tokens, "expected_at_least": need,
                          "full_reuse": full})
@@ -366,7 +381,7 @@ class Runner:
                 problems.append(
                     f"cache run {run}: turn-2 cache hit was {cached} tokens, expected at least {need} "
                     f"(turn-1 prompt {t1.prompt_tokens} + answer {t1.completion_tokens} - 1 - tolerance "
-                    f"{s.hit_tolerance})")
+                    f"{tolerance})")
             elif cached <= t1.prompt_tokens:
                 problems.append(
                     f"cache run {run}: turn-2 cache hit was {cached} tokens, not past the turn-1 prompt "

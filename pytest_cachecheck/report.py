@@ -140,7 +140,8 @@ def result_block(t: Tally, run: Mapping[str, Any]) -> List[str]:
         f"pytest-cachecheck {__version__} | mode {run.get('mode') or '?'} | server {server.get('kind') or '?'}"
         f" {server.get('build') or ''}".rstrip() + f" | model {server.get('model') or '?'}",
         f"probe set {run.get('probe_set', {}).get('name', '?')} ({run.get('probe_set', {}).get('fingerprint', '?')[:19]})"
-        f" | max_tokens {s.get('max_tokens')} | hit_tolerance {s.get('hit_tolerance')}"
+        f" | max_tokens {s.get('max_tokens')} | hit_tolerance "
+        f"{run['hit_tolerance'] if run.get('hit_tolerance') is not None else s.get('hit_tolerance')}"
         + (" | skip_hit_check" if s.get("skip_hit_check") else ""),
         f"probes {t.probes} | valid {t.valid} | same {t.same} | different {t.different} | "
         f"inconclusive {t.inconclusive} | errors {t.errors}",
@@ -161,7 +162,8 @@ def build_report(run: Mapping[str, Any], records: Sequence[Mapping[str, Any]], s
         "schema_version": SCHEMA_VERSION,
         "tool": {"name": "pytest-cachecheck", "version": __version__},
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **{k: run.get(k) for k in ("settings", "mode", "server", "nocache_server", "probe_set", "served")},
+        **{k: run.get(k) for k in ("settings", "mode", "server", "nocache_server", "probe_set", "served",
+                                   "hit_tolerance")},
         "summary": {
             **t.to_dict(),
             "rate": (t.different / t.valid) if t.valid else None,

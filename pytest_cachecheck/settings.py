@@ -118,6 +118,7 @@ class Settings:
     fail_on: str = "new-divergence"
     max_rate: Optional[float] = None
     logprobs: bool = True
+    hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
 
     @property
     def gated(self) -> bool:
@@ -304,6 +305,7 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         fail_on=fail_on,
         max_rate=_float("max_rate", raw["max_rate"], 0.0, 1.0) if raw.get("max_rate") is not None else None,
         logprobs=not _bool("no_logprobs", raw.get("no_logprobs") or False),
+        hit_tolerance_given=raw.get("hit_tolerance") is not None,
         serve=str(serve).strip() if serve else None,
         server_args=raw.get("server_args") or None,
         url=url,

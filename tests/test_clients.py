@@ -149,10 +149,13 @@ def test_detect_sglang_and_vllm_and_generic():
     responses.get(URL + "/server_info", status=404)
     responses.get(URL + "/get_server_info", status=404)
     responses.get(URL + "/version", json={"version": "0.34.0"})
+    responses.get(URL + "/metrics", body='# HELP x\nvllm:cache_config_info{block_size="64",'
+                                         'enable_prefix_caching="True",gpu_memory_utilization="0.9"} 1.0\n')
     responses.get(URL + "/v1/models", json={"data": [{"id": "a"}, {"id": "b"}]})
     with pytest.raises(ServerSetupError, match="several models.*a, b"):
         detect_server(Http(URL), None)
-    assert detect_server(Http(URL), "b").kind == "vllm"
+    info = detect_server(Http(URL), "b")
+    assert info.kind == "vllm" and info.details == {"block_size": 64, "enable_prefix_caching": True}
     with pytest.raises(ServerSetupError, match="'c' is not served.*a, b"):
         detect_server(Http(URL), "c")
 

@@ -107,13 +107,39 @@ def test_reporting_off_errors_naming_the_flag(pytester, emulator, flavor, flag):
 
 def test_block_size_64_needs_tolerance(pytester, emulator):
     emu = emulator(block_size=64)
-    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-hit-tolerance=0", "-rs")
-    # whole blocks only: a hit is rounded down, so a zero tolerance rejects most probes
-    outcomes = result.parseoutcomes()
-    assert outcomes.get("skipped", 0) >= 1
-    result.stdout.fnmatch_lines(["*inconclusive: cache run 1: turn-2 cache hit was * tokens, expected at least*"])
+    # the server says its block size (vLLM /metrics): the default tolerance is raised to match
+    auto = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
+    auto.assert_outcomes(passed=3)
+    auto.stdout.fnmatch_lines(["*hit_tolerance raised to 63 for the server's 64-token cache blocks*",
+                               "*| hit_tolerance 63*"])
+    # an explicit tolerance below the block size is a setup error with the fix named
+    small = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-hit-tolerance=10")
+    small.assert_outcomes(errors=3)
+    small.stdout.fnmatch_lines(["*caches in blocks of 64 tokens*use at least 63*"])
     ok = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-hit-tolerance=63")
     ok.assert_outcomes(passed=3)
+
+
+def test_sglang_page_size_without_metrics(pytester, emulator):
+    emu = emulator(flavor="sglang", block_size=64)  # SGLang says its page size in /server_info
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
+    result.assert_outcomes(passed=3)
+
+
+@pytest.mark.parametrize("cache_cfg, nocache_cfg, words", [
+    ({"prefix_caching": False}, None, "prefix caching is off on the vllm server under test"),
+    ({}, {"prefix_caching": True}, "the nocache server (vllm) has prefix caching on"),
+    ({}, {"prefix_caching": False, "model": "emu/other"}, "the two servers serve different models"),
+])
+def test_setup_problems_are_caught(pytester, emulator, cache_cfg, nocache_cfg, words):
+    emu = emulator(**cache_cfg)
+    args = [f"--cachecheck-url={emu.url}", *SMALL]
+    if nocache_cfg is not None:
+        args.append(f"--cachecheck-nocache-url={emulator(**nocache_cfg).url}")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines([f"*server not usable: the server setup would spoil the measurement: *{words}*"])
+    assert chat_count(emu) == 0
 
 
 def test_server_error_is_an_error_not_a_failure(pytester, emulator):
