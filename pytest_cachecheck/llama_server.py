@@ -122,15 +122,16 @@ def find_llama_server() -> Optional[Path]:
 
 
 def vocab_gguf_path() -> Optional[Path]:
-    """The tokenizer GGUF ``ggml-vocab-qwen2.gguf``: next to the cached build, else
-    ``$CACHECHECK_VOCAB_GGUF`` if it names an existing file, else None."""
-    cached = build_dir() / "models" / VOCAB_GGUF_NAME
-    if cached.is_file():
-        return cached
+    """The tokenizer GGUF ``ggml-vocab-qwen2.gguf``: ``$CACHECHECK_VOCAB_GGUF`` if set (it must
+    name an existing file, else FileNotFoundError), else the copy next to the cached build, else None."""
     explicit = os.environ.get(ENV_VOCAB_GGUF)
-    if explicit and Path(explicit).expanduser().is_file():
-        return Path(explicit).expanduser()
-    return None
+    if explicit:
+        path = Path(explicit).expanduser()
+        if not path.is_file():
+            raise FileNotFoundError("%s=%s does not name a file" % (ENV_VOCAB_GGUF, explicit))
+        return path
+    cached = build_dir() / "models" / VOCAB_GGUF_NAME
+    return cached if cached.is_file() else None
 
 
 def _log_stderr(msg: str) -> None:

@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
@@ -32,6 +34,8 @@ def _emulator_without_nagle(monkeypatch: pytest.MonkeyPatch) -> None:
     # The emulator writes headers and body in two sends; with Nagle's algorithm on, the body waits for the
     # client's delayed ACK (~40 ms a request, ~0.25 s a probe). TCP_NODELAY changes no byte on the wire.
     monkeypatch.setattr(emulator_module._Handler, "disable_nagle_algorithm", True)
+
+
 BUILTIN_ORDER = ["tea-steeping", "bike-chain", "bread-rising", "moon-phases", "houseplant-watering"]
 
 
@@ -66,7 +70,8 @@ FAULTS = [
 @pytest.mark.parametrize("fault, at, words", FAULTS, ids=[f[0].split(":")[0] for f in FAULTS])
 def test_fault_errors_that_probe_and_the_session_goes_on(pytester, emulator, fault, at, words):
     emu = emulator(fault={at: fault})
-    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=4", "--cachecheck-timeout=1",
+    timeout = ["--cachecheck-timeout=1"] if fault.startswith("slow") else []  # others keep the default
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=4", *timeout,
                                 "--cachecheck-report=r.json", "-v", *FAST)
     result.assert_outcomes(passed=3, errors=1)  # failed=0: a fault is never a divergence
     assert result.ret == pytest.ExitCode.TESTS_FAILED
@@ -87,7 +92,7 @@ def test_fault_errors_that_probe_and_the_session_goes_on(pytester, emulator, fau
     assert outcomes == {"tea-steeping": "same", "bike-chain": "error", "bread-rising": "same",
                         "moon-phases": "same"}
     errored = data["probes"][1]
-    assert words.split(" (")[0].split(": ")[-1][:20] in errored["reason"]
+    assert words.split(" (")[0] in errored["reason"]
     assert len(errored["requests"]) == at - 7  # what it measured before the fault
 
 
@@ -105,7 +110,7 @@ def test_server_dies_mid_run_errors_quickly_and_reports_what_was_measured(pytest
         "*ERROR at setup of probe[[]bread-rising[]]*",
         f"cachecheck: POST /v1/chat/completions to {emu.url}: connection failed (*)",
         "*ERROR at setup of probe[[]moon-phases[]]*",
-        f"cachecheck: POST /v1/chat/completions to {emu.url}: connection failed (connection refused)",
+        f"cachecheck: POST /v1/chat/completions to {emu.url}: connection failed (*)",  # refused, or closed
         "probes: 5 | valid: 2 (same 2, different 0) | inconclusive: 0 | errors: 3",
     ])
     data = json.loads((pytester.path / "r.json").read_text())
@@ -170,7 +175,7 @@ def test_sigint_writes_an_interrupted_report(pytester, emulator):
 
 
 # -- a report path that cannot be written ---------------------------------------------------------------
-def _report_paths(root) -> Dict[str, str]:
+def _report_paths(root: Path) -> Dict[str, str]:
     (root / "plainfile").write_text("x")
     return {
         "parent-is-a-file": "plainfile/r.json",
@@ -192,7 +197,6 @@ def test_unwritable_report_is_a_usage_error_before_any_request(pytester, emulato
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*--cachecheck-report (ini cachecheck_report):*is not allowed*"])
     assert emu.requests_log == []
-    assert not (pytester.path / "plainfile").is_dir()
 
 
 @pytest.mark.xfail(strict=True, reason="BUG: settings._writable_report: a path ending in '/' names a "
@@ -200,8 +204,8 @@ def test_unwritable_report_is_a_usage_error_before_any_request(pytester, emulato
                                        "FILE named like the directory")
 def test_report_path_with_trailing_slash_is_refused(pytester, emulator):
     emu = emulator()
-    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-report=newdir/", "--cachecheck-n=1",
-                                *FAST)
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-report=newdir/",
+                                "--cachecheck-n=1", *FAST)
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert emu.requests_log == []
 
@@ -220,7 +224,6 @@ def test_unknown_home_directory_is_a_usage_error(pytester, emulator, option):
 @pytest.mark.xfail(strict=True, reason="BUG: when the JSON report cannot be written at session end (its "
                                        "directory went away), the run says so in red but still exits 0")
 def test_report_lost_at_session_end_fails_the_run(pytester, emulator):
-    import shutil
     out = pytester.path / "out"
     out.mkdir()
 
@@ -242,6 +245,8 @@ def test_report_lost_at_session_end_fails_the_run(pytester, emulator):
 # http://:8080, port 99999, mode fast, two-servers without nocache, llama.cpp + nocache, same nocache URL,
 # skip-hit-check alone, n=0, max-tokens=lots, hit-tolerance=-1, timeout=0/nan, min-valid=1.5, a report
 # in a missing directory, a missing probe file, an empty model, and the baseline/html/serve options.
+PROBES_UNNAMED = pytest.mark.xfail(strict=True, reason="BUG: a bad probe file's usage error does not name "
+                                                        "--cachecheck-probes (only 'bad probe file: PATH')")
 BAD = [
     # URL: no scheme, wrong scheme, no host, bad port, fragment, empty
     (["--cachecheck-url=//127.0.0.1:8080"], "--cachecheck-url*'//127.0.0.1:8080' is not allowed"),
@@ -275,8 +280,10 @@ BAD = [
     (["--cachecheck-nocache-url=URL/"], "--cachecheck-nocache-url is the same URL"),
     (["--cachecheck-mode=one-server", "--cachecheck-nocache-url=http://127.0.0.1:2"],
      "--cachecheck-nocache-url*conflicts with --cachecheck-mode one-server"),
-    (["NOURL", "--cachecheck-nocache-url=http://127.0.0.1:2"], "--cachecheck-nocache-url: needs --cachecheck-url"),
-    (["--cachecheck-skip-hit-check", "--cachecheck-mode=one-server"], "--cachecheck-skip-hit-check*one-server"),
+    (["NOURL", "--cachecheck-nocache-url=http://127.0.0.1:2"],
+     "--cachecheck-nocache-url: needs --cachecheck-url"),
+    (["--cachecheck-skip-hit-check", "--cachecheck-mode=one-server"],
+     "--cachecheck-skip-hit-check*one-server"),
     # model
     (["--cachecheck-model=   "], "--cachecheck-model*non-empty"),
     # whole numbers: wrong type, out of range
@@ -311,13 +318,9 @@ BAD = [
     # policies and files
     (["--cachecheck-fail-on=never"], "--cachecheck-fail-on goes with --cachecheck-baseline"),
     (["--cachecheck-html=plainfile/x.html"], "--cachecheck-html*'plainfile/x.html'"),
-    pytest.param(["--cachecheck-probes=plainfile"], "bad probe file*plainfile*",
-                 marks=pytest.mark.xfail(strict=True, reason="BUG: a bad probe file's usage error does not name "
-                                                             "--cachecheck-probes (only 'bad probe file: PATH')"),
+    pytest.param(["--cachecheck-probes=plainfile"], "bad probe file*plainfile*", marks=PROBES_UNNAMED,
                  id="probes-not-json"),
-    pytest.param(["--cachecheck-probes=."], "bad probe file*is a directory",
-                 marks=pytest.mark.xfail(strict=True, reason="BUG: a bad probe file's usage error does not name "
-                                                             "--cachecheck-probes (only 'bad probe file: PATH')"),
+    pytest.param(["--cachecheck-probes=."], "bad probe file*is a directory", marks=PROBES_UNNAMED,
                  id="probes-directory"),
     pytest.param(["--cachecheck-report="], "--cachecheck-report",
                  marks=pytest.mark.xfail(strict=True, reason="BUG: an empty --cachecheck-report= is silently "
@@ -329,17 +332,24 @@ BAD = [
 ]
 INI_AND_ENV_BAD = [
     # (ini text, environment, words)
-    ("[pytest]\ncachecheck_url = URL\ncachecheck_n = lots\n", {}, "--cachecheck-n (ini cachecheck_n): 'lots'"),
-    ("[pytest]\ncachecheck_url = URL\ncachecheck_timeout = -3\n", {}, "--cachecheck-timeout*'-3'"),
-    ("[pytest]\ncachecheck_url = URL\ncachecheck_mode = fast\n", {}, "--cachecheck-mode*'fast'"),
-    ("[pytest]\ncachecheck_url = localhost:1234\n", {}, "--cachecheck-url (ini cachecheck_url)*"),
-    ("", {"CACHECHECK_URL": "localhost:1234"}, "--cachecheck-url*'localhost:1234'*"),
-    ("", {"CACHECHECK_URL": "ftp://127.0.0.1:21"}, "--cachecheck-url*http:// or https://"),
+    pytest.param("[pytest]\ncachecheck_url = URL\ncachecheck_n = lots\n", {},
+                 "--cachecheck-n (ini cachecheck_n): 'lots'", id="ini-n-lots"),
+    pytest.param("[pytest]\ncachecheck_url = URL\ncachecheck_timeout = -3\n", {}, "--cachecheck-timeout*'-3'",
+                 id="ini-timeout-negative"),
+    pytest.param("[pytest]\ncachecheck_url = URL\ncachecheck_mode = fast\n", {}, "--cachecheck-mode*'fast'",
+                 id="ini-mode-fast"),
+    pytest.param("[pytest]\ncachecheck_url = localhost:1234\n", {}, "--cachecheck-url (ini cachecheck_url)*",
+                 id="ini-url-no-scheme"),
+    pytest.param("", {"CACHECHECK_URL": "localhost:1234"}, "--cachecheck-url*'localhost:1234'*",
+                 id="env-url-no-scheme"),
+    pytest.param("", {"CACHECHECK_URL": "ftp://127.0.0.1:21"}, "--cachecheck-url*http:// or https://",
+                 id="env-url-ftp"),
     pytest.param("[pytest]\ncachecheck_url = URL\ncachecheck_skip_hit_check = maybe\n", {},
                  "cachecheck_skip_hit_check",
                  marks=pytest.mark.xfail(strict=True, reason="BUG: the ini key is declared type='bool', so "
-                                                             "pytest's getini raises ValueError ('invalid truth "
-                                                             "value') outside the plugin's ConfigError handling"),
+                                                             "pytest's getini raises ValueError ('invalid "
+                                                             "truth value') outside the plugin's ConfigError "
+                                                             "handling: an INTERNALERROR, exit 3"),
                  id="ini-skip-hit-check-maybe"),
 ]
 
@@ -436,9 +446,7 @@ def test_conversation_text_reaches_the_server_exactly(pytester, emulator):
             assert sent[k][:len(turn1)] == turn1, conv["id"]
             assert sent[k][len(turn1)]["role"] == "assistant"
             assert sent[k][len(turn1) + 1:] == [{"role": "user", "content": _turn2(conv)}], conv["id"]
-        # every string is the very same sequence of code points (no strip, no NFC, no newline change)
-        for message in sent[1]:
-            assert isinstance(message["content"], str)
-    data_points = [m["content"] for r in log for m in r["messages"]]
+    # == above compared code point by code point: no strip, no NFC/NFD, no newline or tab change
+    sent_texts = {m["content"] for r in log for m in r["messages"]}
     for text in (SPACES, CRLF, TABS, EMOJI, RTL, COMBINING, ODD_SPACES):
-        assert text in data_points
+        assert text in sent_texts

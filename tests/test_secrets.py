@@ -65,7 +65,7 @@ def result_block(stdout: str) -> List[str]:
     start = next(i for i, line in enumerate(lines) if "cachecheck result (to share" in line)
     block = []
     for line in lines[start + 1:]:
-        if line.startswith("=") or line.startswith("cachecheck:"):
+        if line.startswith(("=", "cachecheck:")):
             break
         block.append(line)
     assert len(block) >= 4
@@ -108,7 +108,7 @@ def test_no_secret_in_any_output(pytester, emulator, monkeypatch, key, userinfo,
     assert shown.startswith(emu.url) and ("token=***" in shown) is query
     # the shareable result block: no URL of any kind
     block = "\n".join(result_block(out))
-    for word in ("127.0.0.1", "localhost", "http", "://", str(emu.port)):
+    for word in ("127.0.0.1", "localhost", "http", "://"):
         assert word not in block, (word, block)
 
 
@@ -186,10 +186,12 @@ def echo_server() -> Iterator[type]:
     ("json-401", True, False, False, "HTTP 401: Invalid credentials. Authorization: Bearer ***; request: *"),
     ("json-401", False, True, False, "HTTP 401: Invalid credentials. Authorization: Basic ***; request: *"),
     ("long-401", True, False, False, "HTTP 401: xxxx*"),
-    ("html-403", True, True, True, "HTTP 403: <html><body><h1>403 Forbidden</h1><pre>Authorization: Bearer ***"),
-    ("not-json-200", False, True, False, "HTTP 200 but the body is not JSON ('proxy says: Authorization: Basic ***"),
-    ("sglang-401", True, False, True, "HTTP 401: Authorization: Bearer ***; request: POST /v1/chat/completions"
-                                      "?token=***"),
+    ("html-403", True, True, True,
+     "HTTP 403: <html><body><h1>403 Forbidden</h1><pre>Authorization: Bearer ***; request: *?token=***"),
+    ("not-json-200", False, True, False,
+     "HTTP 200 but the body is not JSON ('proxy says: Authorization: Basic ***; request: *"),
+    ("sglang-401", True, False, True,
+     "HTTP 401: Authorization: Bearer ***; request: POST /v1/chat/completions?token=***"),
 ], ids=["bearer", "basic", "long-message", "html", "not-json", "sglang-query"])
 def test_server_echoing_credentials_is_scrubbed(pytester, echo_server, scenario, key, userinfo, query, cause):
     echo_server.scenario = scenario
@@ -225,9 +227,10 @@ def test_server_echoing_credentials_is_scrubbed(pytester, echo_server, scenario,
     pytest.param(["--cachecheck-url=http://127.0.0.1:8080",
                   f"--cachecheck-nocache-url=ftp://{USER}:{PASSWORD}@127.0.0.1:9?token={TOKEN}"], "", {},
                  id="nocache-url"),
-    pytest.param(["--cachecheck-url=http://127.0.0.1:8080", f"--cachecheck-api-key={KEY}", "--cachecheck-n=0"],
-                 "", {}, id="key-with-bad-n"),
-    pytest.param([], f"[pytest]\ncachecheck_url = ftp://{USER}:{PASSWORD}@h?token={TOKEN}\n", {}, id="ini-url"),
+    pytest.param(["--cachecheck-url=http://127.0.0.1:8080", f"--cachecheck-api-key={KEY}",
+                  "--cachecheck-n=0"], "", {}, id="key-with-bad-n"),
+    pytest.param([], f"[pytest]\ncachecheck_url = ftp://{USER}:{PASSWORD}@h?token={TOKEN}\n", {},
+                 id="ini-url"),
     pytest.param([], "", {"CACHECHECK_URL": f"ftp://{USER}:{PASSWORD}@h", "CACHECHECK_API_KEY": KEY},
                  id="env-url"),
 ])
