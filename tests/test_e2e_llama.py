@@ -194,7 +194,7 @@ def test_baseline_on_real_runs(plugin_run, llama_servers):
     (the both-caches-off control), the probes that differ now are named as newly diverged and fail it."""
     url = llama_servers("f32").url
     first = plugin_run(f"--cachecheck-url={url}")
-    again = plugin_run(f"--cachecheck-url={url}", f"--cachecheck-baseline={first.report}")
+    again = plugin_run(f"--cachecheck-url={url}", f"--cachecheck-baseline={first.report}", "--cachecheck-n=8")
     cmp = again.data["baseline"]
     assert cmp["verdict"] == "unchanged", again.out[-3000:]
     assert again.ret == 0
@@ -202,7 +202,8 @@ def test_baseline_on_real_runs(plugin_run, llama_servers):
     control_run = plugin_run(f"--cachecheck-url={control.url}",
                              f"--cachecheck-nocache-url={llama_servers('f32', '--no-cache-prompt', copy=1).url}",
                              "--cachecheck-skip-hit-check")
-    against_control = plugin_run(f"--cachecheck-url={url}", f"--cachecheck-baseline={control_run.report}")
+    against_control = plugin_run(f"--cachecheck-url={url}", f"--cachecheck-baseline={control_run.report}",
+                                 "--cachecheck-n=8")
     differing = sorted(p["id"] for p in against_control.data["probes"] if p["outcome"] == "different")
     newly = sorted(r["id"] for r in against_control.data["baseline"]["rows"] if r["status"] == "newly diverged")
     print(f"\nMEASURED baseline (control -> llama.cpp mode, tiny f32): newly diverged {newly}")
