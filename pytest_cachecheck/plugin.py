@@ -6,6 +6,7 @@ maps it onto pytest. State lives on ``config.stash``; the reporter is registered
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from .llama_server import LlamaServerError
 from .serve import Served
 from .probes import Probe, ProbeFileError, builtin_probes, load_probes, parse_probe, probe_set_fingerprint
 from .protocol import ERROR, ProbeResult, Runner
-from .redact import Redactor
+from .redact import Redactor, display_url
 from .baseline import BaselineError, Comparison, compare, load_baseline, should_fail
 from .htmlreport import write_html
 from .report import Tally, build_report, divergence_line, judge, max_rate_gate, rate_line, \
@@ -91,17 +92,18 @@ def pytest_configure(config: pytest.Config) -> None:
                 raise ConfigError("--cachecheck-serve starts its own llama-server; it conflicts with "
                                   "--cachecheck-url and --cachecheck-nocache-url (ini or CACHECHECK_URL)")
             serve_mod.check_serve_args(raw["serve"], raw.get("server_args"))
-            resolve({**raw, "url": "http://127.0.0.1:1"}, base_dir=base)  # every other value, first
+            resolve({**raw, "url": ["http://127.0.0.1:1"]}, base_dir=base)  # every other value, first
             if _is_worker(config):
-                raw["url"] = config.workerinput["cachecheck_served_url"]  # type: ignore[attr-defined]
+                raw["url"] = [config.workerinput["cachecheck_served_url"]]  # type: ignore[attr-defined]
             else:
                 served = _start_served(config, raw["serve"], raw.get("server_args"))
-                raw["url"] = served.server.url
+                raw["url"] = [served.server.url]
         settings = resolve(raw, base_dir=base)
     except ConfigError as exc:
         raise pytest.UsageError(f"cachecheck: {exc}") from None
     if settings is None:
         return
+    settings = _own_replica(config, settings)
     try:
         probes = load_probes(settings.probe_files) if settings.probe_files else builtin_probes()
     except ProbeFileError as exc:
@@ -140,6 +142,25 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if state is not None and state.served is not None:
         state.served.server.stop()
         state.served = None
+
+
+def _worker_index(config: pytest.Config) -> Optional[int]:
+    workerid = getattr(config, "workerinput", {}).get("workerid", "")
+    return int(workerid[2:]) if workerid.startswith("gw") and workerid[2:].isdigit() else None
+
+
+def _own_replica(config: pytest.Config, settings: Settings) -> Settings:
+    """With several URLs, each xdist worker owns one server; no two workers send to the same one."""
+    if len(settings.replicas) < 2:
+        return settings
+    index = _worker_index(config)
+    if index is not None:
+        return dataclasses.replace(settings, url=settings.replicas[index])
+    workers = getattr(config.option, "numprocesses", None) or 0
+    if isinstance(workers, int) and workers > len(settings.replicas):
+        raise pytest.UsageError(f"cachecheck: -n {workers} workers but {len(settings.replicas)} "
+                                f"--cachecheck-url servers: each worker needs a server of its own")
+    return settings
 
 
 def _check_xdist(config: pytest.Config) -> None:
@@ -188,6 +209,9 @@ def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
     except (RequestError, ServerSetupError) as exc:
         desc = f"cachecheck: mode {s.mode} | server not usable: {exc}"
     lines = []
+    if len(s.replicas) > 1:
+        lines.append(f"cachecheck: {len(s.replicas)} servers given: with -n N each xdist worker owns one; "
+                     f"without -n only the first is used")
     if state.served is not None:
         served = state.served
         what = ("the demo model: tiny, RANDOM weights generated on this machine, so its answers are word "
@@ -221,8 +245,10 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     module = _ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid="cachecheck",
                                       name="cachecheck")
     new = [i for i in module.collect() if isinstance(i, pytest.Item)]
-    for item in new:
-        item.add_marker(pytest.mark.xdist_group(XDIST_GROUP))
+    servers = len(config.stash[STATE].settings.replicas) or 1  # type: ignore[union-attr]
+    for k, item in enumerate(new):
+        # one group per server: a worker runs its groups one probe at a time, on its own server
+        item.add_marker(pytest.mark.xdist_group(XDIST_GROUP if servers == 1 else f"{XDIST_GROUP}-{k % servers}"))
     config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None, new))
     items.extend(new)
 
@@ -238,6 +264,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 # -- fixtures ---------------------------------------------------------------------------------------
 def _record(result: ProbeResult, state: _State) -> Dict[str, Any]:
     record = result.to_dict()
+    record["server_url"] = display_url(state.settings.url)
+    record["worker"] = os.environ.get("PYTEST_XDIST_WORKER")
     target = state.runner._target
     if target is not None:
         record["run"] = target.describe()

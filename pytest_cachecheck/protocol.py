@@ -222,8 +222,8 @@ class Runner:
         self.settings = settings
         self.redactor = redactor or Redactor()
         self.redactor.add(settings.api_key)
-        self.redactor.add_url(settings.url)
-        self.redactor.add_url(settings.nocache_url)
+        for url in (settings.url, settings.nocache_url, *settings.replicas):
+            self.redactor.add_url(url)
         self._target: Optional[Target] = None
         self._setup_error: Optional[Exception] = None
 

@@ -43,8 +43,9 @@ class OptionSpec:
 
 
 OPTIONS: Tuple[OptionSpec, ...] = (
-    OptionSpec("url", "--cachecheck-url", "the server under test; turns the plugin on", "CACHECHECK_URL",
-               metavar="URL"),
+    OptionSpec("url", "--cachecheck-url", "the server under test; turns the plugin on. Give it several times "
+               "for replicas of one deployment: with pytest-xdist -n N each worker owns one", "CACHECHECK_URL",
+               kind="list", metavar="URL"),
     OptionSpec("mode", "--cachecheck-mode",
                "auto (default), llama.cpp, one-server or two-servers", metavar="MODE"),
     OptionSpec("nocache_url", "--cachecheck-nocache-url",
@@ -100,6 +101,7 @@ class Settings:
 
     url: str
     mode: str = "auto"
+    replicas: Tuple[str, ...] = ()  # every --cachecheck-url given; ``url`` is this process's one
     nocache_url: Optional[str] = None
     model: Optional[str] = None
     probe_files: Tuple[str, ...] = ()
@@ -129,6 +131,7 @@ class Settings:
         """The settings as they may appear in a report: URLs without credentials, never the key."""
         return {
             "url": display_url(self.url),
+            "replicas": [display_url(u) for u in self.replicas],
             "mode": self.mode,
             "nocache_url": display_url(self.nocache_url) if self.nocache_url else None,
             "model": self.model,
@@ -243,14 +246,20 @@ def lookup(cli: Getter, ini: Getter, env: Mapping[str, str]) -> Dict[str, Any]:
 
 def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
     """Validate raw values into :class:`Settings`; ``None`` when no URL is given (the plugin stays off)."""
-    url = raw.get("url")
+    urls = raw.get("url")
+    if isinstance(urls, str):
+        urls = urls.split()
+    url = urls[0] if urls else None
     if url is None:
         for name in ("nocache_url",):
             if raw.get(name):
                 raise ConfigError(f"{SPECS[name].flag}: needs --cachecheck-url (ini cachecheck_url, "
                                   f"env CACHECHECK_URL), the server under test")
         return None
-    url = _url("url", str(url))
+    replicas = tuple(_url("url", str(u)) for u in urls)
+    if len(set(replicas)) != len(replicas):
+        raise _bad("url", url, "different URLs when the option is given several times")
+    url = replicas[0]
     mode = str(raw.get("mode") or "auto").strip()
     if mode not in MODES:
         raise _bad("mode", mode, "one of " + ", ".join(MODES))
@@ -261,6 +270,9 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
                           f"--cachecheck-mode {mode}")
     if mode == "auto" and nocache_url:
         mode = "two-servers"
+    if len(replicas) > 1 and (mode == "two-servers" or nocache_url):
+        raise ConfigError("several --cachecheck-url (replicas) go with llama.cpp or one-server mode, not with "
+                          "--cachecheck-nocache-url")
     if mode == "two-servers" and not nocache_url:
         raise ConfigError("--cachecheck-mode two-servers needs --cachecheck-nocache-url, the server with "
                           "prefix caching off")
@@ -309,6 +321,7 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         serve=str(serve).strip() if serve else None,
         server_args=raw.get("server_args") or None,
         url=url,
+        replicas=replicas,
         mode=mode,
         nocache_url=nocache_url,
         model=str(model).strip() if model is not None else None,
@@ -335,7 +348,8 @@ def reproduce_args(settings: Settings, probe_count: int) -> Sequence[str]:
         if settings.server_args:
             args.append(f"--cachecheck-server-args={settings.server_args!r}")
     else:
-        args = [f"--cachecheck-url={display_url(settings.url)}", f"--cachecheck-mode={settings.mode}"]
+        args = [f"--cachecheck-url={display_url(u)}" for u in settings.replicas or (settings.url,)]
+        args.append(f"--cachecheck-mode={settings.mode}")
     if settings.nocache_url:
         args.append(f"--cachecheck-nocache-url={display_url(settings.nocache_url)}")
     if settings.model:

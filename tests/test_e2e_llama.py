@@ -223,3 +223,23 @@ def test_serve_demo(plugin_run, llama_binary):
     assert run.data["served"]["demo"] is True and run.data["served"]["log_tail"]
     assert sum(run.counts().get(k, 0) for k in ("same", "different")) == 2
     assert run.ret in (0, 1)
+
+
+def test_two_replicas_under_xdist_match_one_server(plugin_run, llama_servers):
+    one = llama_servers("f32")
+    other = llama_servers("f32", copy=2)
+    single = plugin_run(f"--cachecheck-url={one.url}", "--cachecheck-n=8")
+    pair = plugin_run(f"--cachecheck-url={one.url}", f"--cachecheck-url={other.url}", "--cachecheck-n=8",
+                      "-n", "2")
+    outcomes = {p["id"]: p["outcome"] for p in pair.data["probes"]}
+    assert outcomes == {p["id"]: p["outcome"] for p in single.data["probes"]}
+    for a, b in zip(sorted(pair.data["probes"], key=lambda p: p["id"]),
+                    sorted(single.data["probes"], key=lambda p: p["id"])):
+        assert a["answers"] == b["answers"], a["id"]  # the same answers, whichever replica served them
+    owner: Dict[str, str] = {}
+    for p in pair.data["probes"]:
+        assert owner.setdefault(p["worker"], p["server_url"]) == p["server_url"]
+    assert sorted(owner.values()) == sorted([one.url, other.url])
+    print(f"\nMEASURED replicas: one server {sum(p['duration_s'] for p in single.data['probes']):.1f} s of "
+          f"probe time; two servers under -n 2, per worker "
+          f"{ {w: round(sum(p['duration_s'] for p in pair.data['probes'] if p['worker'] == w), 1) for w in owner} }")

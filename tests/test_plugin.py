@@ -487,3 +487,29 @@ def test_conftest_example_wires_a_suite(pytester, emulator):
     quiet = pytester.runpytest()
     quiet.assert_outcomes(skipped=2)
     assert len(emu.requests_log) == before
+
+
+def test_replicas_one_server_per_worker(pytester, emulator):
+    a, b = emulator(diverge_on_hit={"bicycle"}), emulator(diverge_on_hit={"bicycle"})
+    report = pytester.path / "r.json"
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={a.url}", f"--cachecheck-url={b.url}",
+                                           "--cachecheck-n=6", "-n", "2", f"--cachecheck-report={report}")
+    result.assert_outcomes(passed=5, failed=1)
+    data = json.loads(report.read_text())
+    owner = {}
+    for p in data["probes"]:
+        assert owner.setdefault(p["worker"], p["server_url"]) == p["server_url"]  # a worker keeps its server
+    assert sorted(owner.values()) == sorted([a.url, b.url])  # and no two workers share one
+    assert len(a.requests_log) + len(b.requests_log) == 36 and a.requests_log and b.requests_log
+    single = pytester.runpytest(f"--cachecheck-url={a.url}", "--cachecheck-n=6", "--cachecheck-report=one.json")
+    one = json.loads((pytester.path / "one.json").read_text())
+    assert {p["id"]: p["outcome"] for p in one["probes"]} == {p["id"]: p["outcome"] for p in data["probes"]}
+    assert single.ret == 1
+
+
+def test_replicas_need_a_server_per_worker(pytester, emulator):
+    a, b = emulator(), emulator()
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={a.url}", f"--cachecheck-url={b.url}", "-n", "3")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*-n 3 workers but 2 --cachecheck-url servers*"])
+    assert not a.requests_log and not b.requests_log
