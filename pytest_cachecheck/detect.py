@@ -136,8 +136,9 @@ def setup_problems(mode: str, cache: ServerInfo, nocache: Optional[ServerInfo]) 
                         f"--no-enable-prefix-caching / --disable-radix-cache")
     if nocache is not None:
         if prefix_caching(nocache) is True:
-            problems.append(f"the nocache server ({nocache.kind}) has prefix caching on; start it with "
-                            f"--no-enable-prefix-caching (vLLM) or --disable-radix-cache (SGLang)")
+            problems.append(f"the nocache server ({nocache.kind}) reports prefix caching on: both URLs may "
+                            f"reach the same server (a proxy or port forward), or start the second server "
+                            f"with --no-enable-prefix-caching (vLLM) or --disable-radix-cache (SGLang)")
         if cache.kind != "llama.cpp" and nocache.kind != "llama.cpp" and cache.model and nocache.model \
                 and cache.model != nocache.model:
             problems.append(f"the two servers serve different models ({cache.model!r} and {nocache.model!r}); "

@@ -83,21 +83,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cachecheck: a prompt-cache divergence probe (pytest-cachecheck)")
     config.stash[STATE] = None
     base = Path(config.invocation_params.dir)
-    served: Optional[Served] = None
     try:
         raw = lookup(lambda n: config.getoption("cachecheck_" + n),
                      lambda n: config.getini("cachecheck_" + n), os.environ)
-        if raw.get("serve"):
+        serving = bool(raw.get("serve"))
+        if serving:
             if raw.get("url") or raw.get("nocache_url"):
                 raise ConfigError("--cachecheck-serve starts its own llama-server; it conflicts with "
                                   "--cachecheck-url and --cachecheck-nocache-url (ini or CACHECHECK_URL)")
             serve_mod.check_serve_args(raw["serve"], raw.get("server_args"))
-            resolve({**raw, "url": ["http://127.0.0.1:1"]}, base_dir=base)  # every other value, first
-            if _is_worker(config):
-                raw["url"] = [config.workerinput["cachecheck_served_url"]]  # type: ignore[attr-defined]
-            else:
-                served = _start_served(config, raw["serve"], raw.get("server_args"))
-                raw["url"] = [served.server.url]
+            # a worker is told the controller's server; the controller starts it once all else is valid
+            served_url = getattr(config, "workerinput", {}).get("cachecheck_served_url", "http://127.0.0.1:1")
+            raw["url"] = [served_url]
         settings = resolve(raw, base_dir=base)
     except ConfigError as exc:
         raise pytest.UsageError(f"cachecheck: {exc}") from None
@@ -113,13 +110,20 @@ def pytest_configure(config: pytest.Config) -> None:
     name = "builtin" if not settings.probe_files else "+".join(Path(p).name for p in settings.probe_files)
     probe_set = {"name": name, "count": len(probes), "fingerprint": probe_set_fingerprint(probes)}
     _check_xdist(config)
-    state = _State(settings, probes, probe_set)
-    state.served = served
+    baseline = None
     if settings.baseline:
         try:
-            state.baseline = load_baseline(settings.baseline)
+            baseline = load_baseline(settings.baseline)
         except BaselineError as exc:
             raise pytest.UsageError(f"cachecheck: --cachecheck-baseline: {exc}") from None
+    served = None
+    if serving and not _is_worker(config):
+        assert settings.serve is not None
+        served = _start_served(config, settings.serve, settings.server_args)
+        settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))
+    state = _State(settings, probes, probe_set)
+    state.served = served
+    state.baseline = baseline
     config.stash[STATE] = state
     if not _is_worker(config):
         config.pluginmanager.register(Reporter(config, state), "cachecheck-reporter")

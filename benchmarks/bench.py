@@ -1,0 +1,113 @@
+"""Benchmarks against real tiny llama-servers; run on demand, they print figures (no pass/fail).
+
+    python benchmarks/bench.py [--probes 8] [--rounds 2] [--ftype q4_0]
+
+1. overhead: wall time of ``pytest --cachecheck-url`` for a probe set against the same six requests per
+   probe sent by a bare loop of plain ``requests`` calls, on the same server in the same run (target <= 1.02);
+2. scaling: the same probe set on one server vs two servers under ``-n 2`` (target <= 1.1 / 2 = 0.55);
+3. start-up: ``pytest --collect-only`` in an empty folder with the plugin on vs off.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import requests
+
+from pytest_cachecheck.llama_server import LlamaServer
+from pytest_cachecheck.probes import builtin_probes
+from pytest_cachecheck.serve import demo_model, ensure_llama_server
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def bare_protocol(url: str, n: int, max_tokens: int = 256) -> float:
+    """The six requests per probe, as plain requests calls: the floor the plugin is measured against."""
+    session = requests.Session()
+    base = {"temperature": 0, "max_tokens": max_tokens, "stream": False, "samplers": ["temperature"],
+            "id_slot": 0}
+    start = time.perf_counter()
+    for probe in builtin_probes()[:n]:
+        def ask(messages: List[Dict[str, str]], cache: bool, logprobs: bool) -> str:
+            body = dict(base, messages=messages, cache_prompt=cache)
+            if logprobs:
+                body.update(logprobs=True, top_logprobs=2)
+            r = session.post(url + "/v1/chat/completions", json=body, timeout=300)
+            r.raise_for_status()
+            return r.json()["choices"][0]["message"]["content"]
+        first = None
+        for _ in range(2):
+            answer = ask(probe.turn1_messages(), False, False)
+            first = first if first is not None else answer
+            ask(probe.turn2_messages(answer), True, True)
+        for _ in range(2):
+            ask(probe.turn2_messages(first), False, True)
+    return time.perf_counter() - start
+
+
+def plugin_run(args: List[str]) -> float:
+    with tempfile.TemporaryDirectory() as folder:
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args], cwd=folder,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - start
+
+
+def collect_only(args: List[str], rounds: int = 7) -> float:
+    times = []
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(rounds):
+            start = time.perf_counter()
+            subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                            *args], cwd=folder, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--probes", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--ftype", default="q4_0")
+    opts = parser.parse_args()
+    binary = ensure_llama_server(log)
+    model = demo_model(log, opts.ftype)
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
+          f"{platform.python_version()}; llama-server {binary}; model tiny {opts.ftype}; {opts.probes} probes")
+    with LlamaServer(binary, model) as one, LlamaServer(binary, model) as two:
+        bare_protocol(one.url, 1)  # warm up
+        bare, plug = [], []
+        for _ in range(opts.rounds):  # interleaved, so drift hits both alike
+            bare.append(bare_protocol(one.url, opts.probes))
+            plug.append(plugin_run([f"--cachecheck-url={one.url}", f"--cachecheck-n={opts.probes}"]))
+        b, p = statistics.median(bare), statistics.median(plug)
+        print(f"1. overhead: bare protocol {b:.2f} s, plugin (whole pytest run) {p:.2f} s, ratio {p / b:.3f} "
+              f"(target <= 1.02)")
+        single, pair = [], []
+        for _ in range(opts.rounds):
+            single.append(plugin_run([f"--cachecheck-url={one.url}", f"--cachecheck-n={opts.probes}"]))
+            pair.append(plugin_run([f"--cachecheck-url={one.url}", f"--cachecheck-url={two.url}",
+                                    f"--cachecheck-n={opts.probes}", "-n", "2"]))
+        s1, s2 = statistics.median(single), statistics.median(pair)
+        print(f"2. scaling: one server {s1:.2f} s, two servers under -n 2 {s2:.2f} s, ratio {s2 / s1:.3f} "
+              f"(target <= {1.1 / 2:.3f})")
+    off = collect_only(["-p", "no:cachecheck"])
+    on_idle = collect_only([])
+    on = collect_only(["--cachecheck-url=http://127.0.0.1:9"])
+    print(f"3. start-up (--collect-only, empty folder, median of 7): plugin off {off:.3f} s, installed but "
+          f"not enabled {on_idle:.3f} s, enabled with 20 probes {on:.3f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
