@@ -6,11 +6,14 @@ setup; the verdict is given here, so a divergence is a failure and an invalid pr
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import pytest
 
-from .protocol import DIFFERENT, INCONCLUSIVE, ProbeResult
+from .outcomes import DIFFERENT, INCONCLUSIVE
+
+if TYPE_CHECKING:
+    from .protocol import ProbeResult
 
 
 @pytest.mark.cachecheck

@@ -11,23 +11,23 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import pytest
 
 from . import _items
-from . import serve as serve_mod
 from .errors import ConfigError, RequestError, ServerSetupError
-from .llama_server import LlamaServerError
-from .serve import Served
+from .outcomes import ERROR
 from .probes import Probe, ProbeFileError, builtin_probes, load_probes, parse_probe, probe_set_fingerprint
-from .protocol import ERROR, ProbeResult, Runner
 from .redact import Redactor, display_url
-from .baseline import BaselineError, Comparison, compare, load_baseline, should_fail
-from .htmlreport import write_html
 from .report import Tally, build_report, divergence_line, judge, max_rate_gate, rate_line, \
     recompute_reuse_cause, result_block, write_json_atomic
 from .settings import OPTIONS, Settings, lookup, reproduce_args, resolve
+
+if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
+    from .baseline import Comparison
+    from .protocol import ProbeResult
+    from .serve import Served
 
 RECORD = "cachecheck"  # user_properties key of a probe record
 CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check() record
@@ -39,6 +39,8 @@ class _State:
         self.settings = settings
         self.probes = probes
         self.probe_set = probe_set
+        from .protocol import Runner
+
         self.redactor = Redactor()
         self.runner = Runner(settings, self.redactor)
         self.served: Optional[Served] = None
@@ -91,7 +93,9 @@ def pytest_configure(config: pytest.Config) -> None:
             if raw.get("url") or raw.get("nocache_url"):
                 raise ConfigError("--cachecheck-serve starts its own llama-server; it conflicts with "
                                   "--cachecheck-url and --cachecheck-nocache-url (ini or CACHECHECK_URL)")
-            serve_mod.check_serve_args(raw["serve"], raw.get("server_args"))
+            from .serve import check_serve_args
+
+            check_serve_args(raw["serve"], raw.get("server_args"))
             # a worker is told the controller's server; the controller starts it once all else is valid
             served_url = getattr(config, "workerinput", {}).get("cachecheck_served_url", "http://127.0.0.1:1")
             raw["url"] = [served_url]
@@ -112,6 +116,8 @@ def pytest_configure(config: pytest.Config) -> None:
     _check_xdist(config)
     baseline = None
     if settings.baseline:
+        from .baseline import BaselineError, load_baseline
+
         try:
             baseline = load_baseline(settings.baseline)
         except BaselineError as exc:
@@ -134,8 +140,11 @@ def _start_served(config: pytest.Config, model: str, server_args: Optional[str])
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
 
+    from .llama_server import LlamaServerError
+    from .serve import start
+
     try:
-        served = serve_mod.start(model, server_args, log)
+        served = start(model, server_args, log)
     except (LlamaServerError, OSError, subprocess.CalledProcessError) as exc:
         raise pytest.UsageError(f"cachecheck: --cachecheck-serve could not start llama-server: {exc}") from None
     return served
@@ -429,6 +438,9 @@ class Reporter:
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        from .baseline import compare, should_fail
+        from .htmlreport import write_html
+
         settings = self.state.settings
         records = self._ordered()
         interrupted = int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)

@@ -22,11 +22,11 @@ from typing import Any, Dict, List, Optional, Tuple
 from .clients import CLIENTS, ChatClient, Http, Reply, ServerInfo
 from .detect import block_size, detect_server, setup_problems
 from .errors import RequestError, ServerSetupError
+from .outcomes import DIFFERENT, ERROR, INCONCLUSIVE, SAME
 from .probes import Probe
 from .redact import Redactor, display_url
 from .settings import Settings
 
-SAME, DIFFERENT, INCONCLUSIVE, ERROR = "same", "different", "inconclusive", "error"
 EXCERPT_BEFORE, EXCERPT_AFTER = 40, 40
 
 
@@ -277,7 +277,7 @@ class Runner:
                 tolerance = block - 1
         if problems:
             raise ServerSetupError("the server setup would spoil the measurement: " + "; ".join(problems))
-        return Target(mode, cache, nocache, tolerance)
+        return Target(mode, cache, nocache, tolerance if tolerance != s.hit_tolerance else None)
 
     # -- one probe --------------------------------------------------------------------------------
     def run(self, probe: Probe) -> ProbeResult:

@@ -23,7 +23,12 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+import requests  # noqa: F401  (see the note below)
 
+# The plugin imports its measurement (and requests) only when it is switched on, so the first pytester run
+# would import them and pytester's sys.modules restore would drop them again; later runs then mix classes
+# of two imports of requests ("You can only merge into CookieJar"). Importing them here keeps one copy.
+import pytest_cachecheck.protocol  # noqa: F401
 from tests.support import emulator as emulator_module
 
 FAST = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark"]
