@@ -65,7 +65,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         text = spec.help + (f" [env {spec.env}]" if spec.env else "") + f" [ini {spec.ini}]"
         if spec.kind == "bool":
             group.addoption(spec.flag, action="store_true", dest=dest, default=False, help=text)
-            parser.addini(spec.ini, spec.help, type="bool", default=False)
+            parser.addini(spec.ini, spec.help + " (true or false)", default="")  # validated by the plugin
         elif spec.kind == "list":
             group.addoption(spec.flag, action="append", dest=dest, default=None, metavar=spec.metavar,
                             help=text)
@@ -108,7 +108,7 @@ def pytest_configure(config: pytest.Config) -> None:
     try:
         probes = load_probes(settings.probe_files) if settings.probe_files else builtin_probes()
     except ProbeFileError as exc:
-        raise pytest.UsageError(f"cachecheck: bad probe file: {exc}") from None
+        raise pytest.UsageError(f"cachecheck: --cachecheck-probes: bad probe file: {exc}") from None
     if settings.n is not None:
         probes = probes[: settings.n]
     name = "builtin" if not settings.probe_files else "+".join(Path(p).name for p in settings.probe_files)
@@ -471,6 +471,8 @@ class Reporter:
                     write(path)
                 except OSError as exc:
                     self.report_errors.append(f"{path}: {exc}")
+        if self.report_errors and int(session.exitstatus) == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a lost report is not a pass
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         tally = getattr(self, "tally", None)
@@ -488,6 +490,9 @@ class Reporter:
             rate = rate_line(tally)
             if rate:
                 tr.write_line(rate)
+            errored = [r["reason"] for r in self._ordered() if r["outcome"] == "error"]
+            if errored:
+                tr.write_line(f"errors: {len(errored)}; the first: {scrub(errored[0][:240])}", red=True)
             cause = recompute_reuse_cause(self._ordered(), self.run.get("mode"))
             if cause:
                 tr.write_line("cause: " + cause, yellow=True)

@@ -164,13 +164,19 @@ def _bad(name: str, value: Any, allowed: str) -> ConfigError:
 
 
 def _url(name: str, value: str) -> str:
-    parts = urlsplit(value.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    try:
+        parts = urlsplit(value.strip())
+        hostname = parts.hostname
+    except ValueError:
+        raise _bad(name, value, "an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080") from None
+    if parts.scheme not in ("http", "https") or not hostname:
         raise _bad(name, value, "an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080")
     try:
-        parts.port
+        port = parts.port
     except ValueError:
-        raise _bad(name, value, "a URL whose port is a number from 1 to 65535") from None
+        port = -1
+    if port is not None and not 1 <= port <= 65535:
+        raise _bad(name, value, "a URL whose port is a number from 1 to 65535")
     if parts.fragment:
         raise _bad(name, value, "a URL without a #fragment")
     return value.strip().rstrip("/")
@@ -210,7 +216,12 @@ def _bool(name: str, value: Any) -> bool:
 
 
 def _writable_report(value: str, base: Path, name: str = "report") -> str:
-    path = Path(value).expanduser()
+    if not value.strip() or value.endswith(("/", os.sep)):
+        raise _bad(name, value, "a file path (not empty, not ending in a path separator)")
+    try:
+        path = Path(value).expanduser()
+    except RuntimeError:
+        raise _bad(name, value, "a path whose ~user exists") from None
     if not path.is_absolute():
         path = base / path
     if path.is_dir():
@@ -291,10 +302,15 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         files = files.split()
     probe_files = []
     for f in files:
-        p = Path(str(f)).expanduser()
+        try:
+            p = Path(str(f)).expanduser()
+        except RuntimeError:
+            raise _bad("probes", f, "a path whose ~user exists") from None
         probe_files.append(str(p if p.is_absolute() else base_dir / p))
     n = raw.get("n")
     report = raw.get("report")
+    if report is not None and not str(report).strip():
+        raise _bad("report", report, "a file path, not an empty value")
     api_key = raw.get("api_key")
     serve = raw.get("serve")
     if serve is not None and not str(serve).strip():

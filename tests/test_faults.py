@@ -134,9 +134,6 @@ def test_server_dies_mid_run_errors_quickly_and_reports_what_was_measured(pytest
         assert "connection failed" in p["reason"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the cachecheck summary gives counts and 'N probe(s) failed with "
-                                       "a request or server error' but never the cause (connection refused); "
-                                       "it is only in each ERROR section and cut off in the short summary")
 def test_server_dies_summary_names_the_cause_in_one_line(pytester, emulator):
     emu = emulator(fail_after_requests=6)
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=3", *FAST)
@@ -204,9 +201,6 @@ def test_unwritable_report_is_a_usage_error_before_any_request(pytester, emulato
     assert emu.requests_log == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: settings._writable_report: a path ending in '/' names a "
-                                       "directory, but Path() drops the slash and the report is written to a "
-                                       "FILE named like the directory")
 def test_report_path_with_trailing_slash_is_refused(pytester, emulator):
     emu = emulator()
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-report=newdir/",
@@ -215,8 +209,6 @@ def test_report_path_with_trailing_slash_is_refused(pytester, emulator):
     assert emu.requests_log == []
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: settings: Path.expanduser() raises RuntimeError for an unknown "
-                                       "~user, which is an INTERNALERROR (exit 3), not a usage error")
 @pytest.mark.parametrize("option", ["--cachecheck-report", "--cachecheck-probes"])
 def test_unknown_home_directory_is_a_usage_error(pytester, emulator, option):
     emu = emulator()
@@ -226,8 +218,6 @@ def test_unknown_home_directory_is_a_usage_error(pytester, emulator, option):
     assert option in result.stderr.str()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: when the JSON report cannot be written at session end (its "
-                                       "directory went away), the run says so in red but still exits 0")
 def test_report_lost_at_session_end_fails_the_run(pytester, emulator):
     out = pytester.path / "out"
     out.mkdir()
@@ -250,8 +240,7 @@ def test_report_lost_at_session_end_fails_the_run(pytester, emulator):
 # http://:8080, port 99999, mode fast, two-servers without nocache, llama.cpp + nocache, same nocache URL,
 # skip-hit-check alone, n=0, max-tokens=lots, hit-tolerance=-1, timeout=0/nan, min-valid=1.5, a report
 # in a missing directory, a missing probe file, an empty model, and the baseline/html/serve options.
-PROBES_UNNAMED = pytest.mark.xfail(strict=True, reason="BUG: a bad probe file's usage error does not name "
-                                                        "--cachecheck-probes (only 'bad probe file: PATH')")
+PROBES_UNNAMED = ()
 BAD = [
     # URL: no scheme, wrong scheme, no host, bad port, fragment, empty
     (["--cachecheck-url=//127.0.0.1:8080"], "--cachecheck-url*'//127.0.0.1:8080' is not allowed"),
@@ -268,12 +257,8 @@ BAD = [
     (["--cachecheck-url=http://127.0.0.1:65536"], "--cachecheck-url*port is a number"),
     (["--cachecheck-url=http://user:pw@127.0.0.1:99999"], "--cachecheck-url*port is a number"),
     (["--cachecheck-url=URL#frag"], "--cachecheck-url*without a #fragment"),
-    pytest.param(["--cachecheck-url=http://127.0.0.1:0"], "--cachecheck-url*port is a number",
-                 marks=pytest.mark.xfail(strict=True, reason="BUG: settings._url accepts port 0, though its "
-                                                             "message says 1 to 65535"), id="url-port-0"),
+    pytest.param(["--cachecheck-url=http://127.0.0.1:0"], "--cachecheck-url*port is a number", id="url-port-0"),
     pytest.param(["--cachecheck-url=http://[::1"], "--cachecheck-url",
-                 marks=pytest.mark.xfail(strict=True, reason="BUG: settings._url: urlsplit raises ValueError "
-                                                             "(Invalid IPv6 URL): INTERNALERROR, exit 3"),
                  id="url-broken-ipv6"),
     # mode
     (["--cachecheck-mode=AUTO"], "--cachecheck-mode*'AUTO' is not allowed"),
@@ -328,9 +313,6 @@ BAD = [
     pytest.param(["--cachecheck-probes=."], "bad probe file*is a directory", marks=PROBES_UNNAMED,
                  id="probes-directory"),
     pytest.param(["--cachecheck-report="], "--cachecheck-report",
-                 marks=pytest.mark.xfail(strict=True, reason="BUG: an empty --cachecheck-report= is silently "
-                                                             "ignored (no report, exit 0), unlike an empty "
-                                                             "--cachecheck-model= or --cachecheck-n="),
                  id="report-empty"),
     # xdist modes that split probes over workers
     (["-n", "2", "--dist=worksteal"], "--dist worksteal would send probes to one server*"),
@@ -351,10 +333,6 @@ INI_AND_ENV_BAD = [
                  id="env-url-ftp"),
     pytest.param("[pytest]\ncachecheck_url = URL\ncachecheck_skip_hit_check = maybe\n", {},
                  "cachecheck_skip_hit_check",
-                 marks=pytest.mark.xfail(strict=True, reason="BUG: the ini key is declared type='bool', so "
-                                                             "pytest's getini raises ValueError ('invalid "
-                                                             "truth value') outside the plugin's ConfigError "
-                                                             "handling: an INTERNALERROR, exit 3"),
                  id="ini-skip-hit-check-maybe"),
 ]
 

@@ -336,6 +336,7 @@ class _Server(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as uvicorn serves
+    disable_nagle_algorithm = True  # small JSON answers would otherwise wait ~40 ms for delayed ACKs
     server_version = "uvicorn"
     sys_version = ""
     emulator: "Emulator"
