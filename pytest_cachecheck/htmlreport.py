@@ -13,12 +13,11 @@ This module knows nothing about pytest.
 from __future__ import annotations
 
 import html
-import os
-import tempfile
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from .baseline import Comparison, format_p
 from .redact import display_url
+from .report import first_difference, write_text_atomic
 
 __all__ = ["render_html", "write_html"]
 
@@ -91,15 +90,6 @@ def _badge(value: Any) -> str:
 
 def _pct(x: Any) -> str:
     return f"{x:.1%}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "n/a"
-
-
-def _first_difference(a: str, b: str) -> Optional[int]:
-    if a == b:
-        return None
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
 
 
 def _answer_html(text: Optional[str], at: Optional[int]) -> str:
@@ -254,7 +244,7 @@ def _probe_section(p: Mapping[str, Any], anchor: str) -> str:
     if div is not None and isinstance(div.get("char"), int) and not isinstance(div.get("char"), bool):
         at = div["char"]
     elif p.get("outcome") == "different" and cache is not None and recompute is not None:
-        at = _first_difference(cache, recompute)
+        at = first_difference(cache, recompute)
     outcome = p.get("outcome")
     out = [f'<section class="probe o-{_slug(outcome)}" id="{anchor}">',
            f'<div class="probe-head"><h3>{_e(p.get("id"))}</h3>{_badge(outcome)}']
@@ -353,15 +343,4 @@ def write_html(path: str, report: Mapping[str, Any], comparison: Optional[Compar
     text = render_html(report, comparison)
     if scrub is not None:
         text = scrub(text)
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".cachecheck-", suffix=".html.tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_text_atomic(path, text, ".html.tmp")

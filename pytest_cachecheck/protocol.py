@@ -19,12 +19,13 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-from .clients import CLIENTS, ChatClient, Http, Reply, ServerInfo
+from .clients import CLIENTS, ChatClient, Http, Reply
 from .detect import block_size, detect_server, setup_problems
 from .errors import RequestError, ServerSetupError
 from .outcomes import DIFFERENT, ERROR, INCONCLUSIVE, SAME
 from .probes import Probe
 from .redact import Redactor, display_url
+from .report import first_difference
 from .settings import Settings
 
 EXCERPT_BEFORE, EXCERPT_AFTER = 40, 40
@@ -151,16 +152,6 @@ class ProbeResult:
             "requests": [s.to_dict() for s in self.steps],
             "duration_s": round(self.duration_s, 3),
         }
-
-
-def first_difference(a: str, b: str) -> Optional[int]:
-    """Index of the first character where a and b differ (the shorter length if one is a prefix)."""
-    if a == b:
-        return None
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return min(len(a), len(b))
 
 
 def excerpt(text: str, at: int) -> str:

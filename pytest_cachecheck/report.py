@@ -19,6 +19,16 @@ from . import __version__
 SCHEMA_VERSION = 1
 
 
+def first_difference(a: str, b: str) -> Optional[int]:
+    """Index of the first character where a and b differ (the shorter length if one is a prefix)."""
+    if a == b:
+        return None
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
 @dataclass
 class Tally:
     probes: int = 0
@@ -178,16 +188,13 @@ def build_report(run: Mapping[str, Any], records: Sequence[Mapping[str, Any]], s
     }
 
 
-def write_json_atomic(path: str, data: Mapping[str, Any], scrub: Any = None) -> None:
-    """Write JSON to a temporary file beside ``path``, then rename it into place."""
-    text = json.dumps(data, indent=2, ensure_ascii=False)
-    if scrub is not None:
-        text = scrub(text)
+def write_text_atomic(path: str, text: str, suffix: str = ".tmp") -> None:
+    """Write text to a temporary file beside ``path``, then rename it into place."""
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".cachecheck-", suffix=".json.tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=".cachecheck-", suffix=suffix, dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+            f.write(text)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -195,3 +202,11 @@ def write_json_atomic(path: str, data: Mapping[str, Any], scrub: Any = None) -> 
         except OSError:
             pass
         raise
+
+
+def write_json_atomic(path: str, data: Mapping[str, Any], scrub: Any = None) -> None:
+    """Write the JSON report atomically, passing its text through ``scrub`` first."""
+    text = json.dumps(data, indent=2, ensure_ascii=False)
+    if scrub is not None:
+        text = scrub(text)
+    write_text_atomic(path, text + "\n", ".json.tmp")
