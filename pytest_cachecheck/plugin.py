@@ -235,7 +235,7 @@ def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
              f"cachecheck: {len(state.probes)} probes ({state.probe_set['name']}) | max_tokens {s.max_tokens} "
              f"| hit_tolerance {s.hit_tolerance}",
              "cachecheck: reproduce with: pytest " + state.redactor.scrub(
-                 " ".join(reproduce_args(s, len(state.probes))))]
+                 " ".join(reproduce_args(s)))]
     return lines
 
 

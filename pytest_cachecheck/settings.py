@@ -357,7 +357,7 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
     )
 
 
-def reproduce_args(settings: Settings, probe_count: int) -> Sequence[str]:
+def reproduce_args(settings: Settings) -> Sequence[str]:
     """Command-line flags that reproduce this run, without secrets."""
     if settings.serve:
         args = [f"--cachecheck-serve={settings.serve}"]
