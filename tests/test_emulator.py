@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
@@ -20,10 +21,13 @@ try:
     from tests.support.emulator import (
         EOS_TOKEN_ID,
         IM_END,
+        THINK_END,
+        THINK_START,
         Emulator,
         EmulatorConfig,
         expected_cached_tokens,
         generate_answer,
+        generate_reasoning,
         render_chat,
         tokenize,
     )
@@ -31,10 +35,13 @@ except ImportError:  # plain `pytest` without the repository root on sys.path
     from support.emulator import (  # type: ignore[no-redef]
         EOS_TOKEN_ID,
         IM_END,
+        THINK_END,
+        THINK_START,
         Emulator,
         EmulatorConfig,
         expected_cached_tokens,
         generate_answer,
+        generate_reasoning,
         render_chat,
         tokenize,
     )
@@ -466,6 +473,233 @@ def test_requests_are_serialized_and_logged(start) -> None:
     )
 
 
+# -- Qwen3-like knobs: chat template, reasoning, SGLang's generating /health ----------------------------------
+
+THOUGHT = f"{THINK_START}\nplan the greeting\n{THINK_END}\n\n"
+USER1 = {"role": "user", "content": "Say hello."}
+
+
+def tokens(emu: Emulator, messages: List[Dict[str, Any]], path: str = "/tokenize") -> List[int]:
+    r = requests.post(f"{emu.url}{path}", json={"model": emu.config.model, "messages": messages}, timeout=5)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == len(body["tokens"])
+    return body["tokens"]
+
+
+def reasoning_of(reply: Dict[str, Any], flavor: str) -> Optional[str]:
+    message = reply["choices"][0]["message"]
+    assert ("reasoning_content" not in message) if flavor == "vllm" else ("reasoning" not in message)
+    return message["reasoning" if flavor == "vllm" else "reasoning_content"]
+
+
+def test_new_knobs_default_off_and_are_validated() -> None:
+    cfg = EmulatorConfig()
+    assert (cfg.chat_template, cfg.reasoning, cfg.health_generates) == ("chatml", False, True)
+    with pytest.raises(ValueError, match="chat_template"):
+        EmulatorConfig(chat_template="qwen3")
+    with pytest.raises(ValueError):
+        render_chat(TURN1, template="nope")
+    assert render_chat(TURN1, template="chatml") == render_chat(TURN1)
+
+
+@pytest.mark.parametrize("flavor,path", [("vllm", "/tokenize"), ("sglang", "/tokenize"), ("sglang", "/v1/tokenize")])
+def test_drop_reasoning_template_renders_past_turns_after_think_only(start, flavor: str, path: str) -> None:
+    thought = [USER1, {"role": "assistant", "content": THOUGHT + "Hi."}, FOLLOW_UP]
+    plain = [USER1, {"role": "assistant", "content": "Hi."}, FOLLOW_UP]
+    drop = start(flavor=flavor, chat_template="drop-reasoning")
+    chatml = start(flavor=flavor)
+    assert tokens(drop, thought, path) == tokens(drop, plain, path) == tokens(chatml, plain, path)
+    kept = tokens(chatml, thought, path)
+    assert len(kept) == len(tokens(chatml, plain, path)) + len(THOUGHT)  # ChatML keeps the think block
+    # only what follows the last </think> is kept, leading newlines stripped; no </think>: untouched
+    twice = [USER1, {"role": "assistant", "content": f"a{THINK_END}b{THINK_END}\n\nHi."}, FOLLOW_UP]
+    assert tokens(drop, twice, path) == tokens(drop, plain, path)
+    no_end = [USER1, {"role": "assistant", "content": "\n\nHi."}, FOLLOW_UP]
+    assert tokens(drop, no_end, path) == tokens(chatml, no_end, path) != tokens(drop, plain, path)
+    # user turns keep their text; the generation prompt is plain ChatML
+    said = [{"role": "user", "content": THOUGHT + "Say hello."}]
+    assert tokens(drop, said, path) == tokens(chatml, said, path)
+    # the chat request is prompted with the template /tokenize uses
+    assert ok(drop, thought)["usage"]["prompt_tokens"] == len(tokens(drop, thought, path))
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_empty_think_prompt_template_breaks_the_turn2_prefix(start, flavor: str) -> None:
+    emu = start(flavor=flavor, chat_template="empty-think-prompt", block_size=1)
+    chatml = start(flavor=flavor, block_size=1)
+    block = tokenize(f"{THINK_START}\n\n{THINK_END}\n\n")
+    first = tokens(emu, TURN1)
+    assert first == tokens(chatml, TURN1) + block  # the generation prompt ends with an empty think block
+    history = TURN1 + [{"role": "assistant", "content": "Red."}, FOLLOW_UP]
+    second = tokens(emu, history)
+    assert second == tokens(chatml, history) + block  # past turns are plain ChatML; the new prompt has the block
+    assert second[: len(first)] != first and tokens(chatml, history)[: len(first) - len(block)] == tokens(
+        chatml, TURN1
+    )
+    t1 = ok(emu, TURN1, **salt("e"))
+    p1 = t1["usage"]["prompt_tokens"]
+    assert p1 == len(first) and content(t1) == generate_answer(render_chat(TURN1, template="empty-think-prompt"))
+    t2 = ok(emu, turn2(t1), **salt("e"))
+    assert t2["usage"]["prompt_tokens"] == len(tokens(emu, turn2(t1)))
+    assert cached(t2) == p1 - len(block)  # the hit stops where the turn-1 prompt's think block began
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_reasoning_is_split_off_and_counted(start, flavor: str) -> None:
+    emu = start(flavor=flavor, reasoning=True)
+    reply = ok(emu, TURN1, logprobs=True, top_logprobs=2)
+    prompt = render_chat(TURN1)
+    r, answer = generate_reasoning(prompt), generate_answer(prompt)
+    assert 60 <= len(r) <= 120 and r == generate_reasoning(prompt) and r != answer[: len(r)]
+    reasoning = reasoning_of(reply, flavor)
+    # the parsers cut at </think> and strip nothing: "<think>" + reasoning + "</think>" + content is the output
+    assert reasoning == f"\n{r}\n" and content(reply) == f"\n\n{answer}"
+    full = THINK_START + reasoning + THINK_END + content(reply)
+    usage = reply["usage"]
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    assert usage["completion_tokens"] == len(tokenize(full)) + 1  # reasoning and EOS included
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    entries = reply["choices"][0]["logprobs"]["content"]
+    assert len(entries) == usage["completion_tokens"]
+    assert "".join(e["token"] for e in entries) == full + IM_END
+    if flavor == "vllm":  # tokens of the reasoning between the markers
+        assert usage["completion_tokens_details"] == {"reasoning_tokens": len(tokenize(reasoning))}
+    else:  # tokens from the first output token through </think>
+        n_think = len(tokenize(THINK_START + reasoning + THINK_END))
+        assert usage["reasoning_tokens"] == n_think == len(r) + 2 + len(THINK_START) + len(THINK_END)
+        assert usage["completion_tokens_details"] == {"reasoning_tokens": n_think}
+    plain = ok(start(flavor=flavor), TURN1)  # without reasoning the answer is the same, alone
+    assert content(plain) == answer and reasoning_of(plain, flavor) is None
+    assert "completion_tokens_details" not in plain["usage"]
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_reasoning_streams_reasoning_then_content(start, flavor: str) -> None:
+    emu = start(flavor=flavor, reasoning=True)
+    whole = ok(emu, TURN1)
+    r = requests.post(
+        f"{emu.url}/v1/chat/completions",
+        timeout=5,
+        json={"messages": TURN1, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    key = "reasoning" if flavor == "vllm" else "reasoning_content"
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    streamed_r = "".join(d.get(key) or "" for d in deltas)
+    streamed_c = "".join(d.get("content") or "" for d in deltas)
+    assert streamed_r == reasoning_of(whole, flavor) and streamed_c == content(whole)
+    first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
+    assert not any(d.get(key) for d in deltas[first_content:])  # reasoning comes first
+    assert chunks[-1]["usage"] == whole["usage"] | {"prompt_tokens_details": chunks[-1]["usage"]["prompt_tokens_details"]}
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_reasoning_turn2_from_content_only_stops_at_the_turn1_prompt(start, flavor: str) -> None:
+    emu = start(flavor=flavor, reasoning=True, block_size=1)
+    t1 = ok(emu, TURN1, **salt("r"))
+    p1, a1 = t1["usage"]["prompt_tokens"], t1["usage"]["completion_tokens"]
+    only_content = ok(emu, turn2(t1), **salt("r"))
+    assert cached(only_content) <= p1
+    assert cached(only_content) == p1  # the history's answer departs from the output at "<think>"
+    full = THINK_START + reasoning_of(t1, flavor) + THINK_END + content(t1)
+    with_thought = TURN1 + [{"role": "assistant", "content": full}, FOLLOW_UP]
+    t2 = ok(emu, with_thought, **salt("r"))
+    assert cached(t2) == p1 + a1 - 1  # ChatML re-renders the whole output: prompt + every output token - 1
+    assert t2["usage"]["prompt_tokens"] == p1 + a1 + len(tokenize(f"\n{render_chat([FOLLOW_UP])}"))
+
+    paged = start(flavor=flavor, reasoning=True, block_size=16)
+    q1 = ok(paged, TURN1, **salt("r"))
+    assert cached(ok(paged, with_thought, **salt("r"))) == (p1 + a1 - 1) // 16 * 16
+    assert cached(ok(paged, turn2(q1), **salt("r"))) == p1 // 16 * 16
+
+    qwen = start(flavor=flavor, reasoning=True, block_size=1, chat_template="drop-reasoning")
+    w1 = ok(qwen, TURN1, **salt("q"))
+    assert reasoning_of(w1, flavor) == reasoning_of(t1, flavor)
+    w2 = ok(qwen, TURN1 + [{"role": "assistant", "content": full}, FOLLOW_UP], **salt("q"))
+    assert cached(w2) == p1  # the template dropped the reasoning: the hit stops at the turn-1 prompt
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_reasoning_cut_by_max_tokens_is_all_reasoning(start, flavor: str) -> None:
+    emu = start(flavor=flavor, reasoning=True, block_size=1)
+    reply = ok(emu, TURN1, max_tokens=20, **salt("m"))
+    r = generate_reasoning(render_chat(TURN1))
+    assert reply["choices"][0]["finish_reason"] == "length" and reply["usage"]["completion_tokens"] == 20
+    assert reasoning_of(reply, flavor) == f"\n{r}"[:13]  # the 20 tokens less "<think>"
+    assert content(reply) == (None if flavor == "vllm" else "")
+    if flavor == "vllm":
+        assert reply["usage"]["completion_tokens_details"] == {"reasoning_tokens": 13}
+    else:
+        assert reply["usage"]["reasoning_tokens"] == 20  # </think> never came: every output token
+    again = ok(emu, TURN1 + [{"role": "assistant", "content": THINK_START + f"\n{r}"[:13]}], **salt("m"))
+    assert cached(again) is not None and cached(again) >= reply["usage"]["prompt_tokens"] + 19 - 1
+
+
+def test_reasoning_opt_outs_per_request(start) -> None:
+    vllm = start(flavor="vllm", reasoning=True)
+    reply = ok(vllm, TURN1, include_reasoning=False, logprobs=True)
+    assert reply["choices"][0]["message"]["reasoning"] is None and content(reply).startswith("\n\n")
+    assert reply["choices"][0]["logprobs"] is None  # vLLM suppresses them with include_reasoning false
+    sg = start(flavor="sglang", reasoning=True)
+    whole = ok(sg, TURN1, separate_reasoning=False)
+    assert whole["choices"][0]["message"]["reasoning_content"] is None
+    assert content(whole).startswith(THINK_START + "\n") and THINK_END + "\n\n" in content(whole)
+    assert whole["usage"]["reasoning_tokens"] > 0  # the scheduler counts them all the same
+
+
+def test_sglang_health_generates_and_waits_a_second_by_default(start) -> None:
+    emu = start(flavor="sglang", block_size=1)
+    assert emu.config.health_generates is True
+    done: List[float] = []
+
+    def health() -> None:
+        began = time.monotonic()
+        assert requests.get(f"{emu.url}/health", timeout=5).status_code == 200
+        done.append(time.monotonic() - began)
+
+    worker = threading.Thread(target=health)
+    worker.start()
+    time.sleep(0.2)
+    began = time.monotonic()
+    ok(emu, TURN1)  # the wait holds no lock: a chat request is served meanwhile
+    assert time.monotonic() - began < 0.5 and not done
+    worker.join()
+    assert done and done[0] >= 1.0
+    assert emu.health_generations == 1 and emu.served_requests == 1
+    began = time.monotonic()
+    assert requests.get(f"{emu.url}/health_generate", timeout=5).status_code == 200
+    assert time.monotonic() - began >= 1.0 and emu.health_generations == 2
+
+    vllm = start(flavor="vllm")  # vLLM's /health never generates
+    began = time.monotonic()
+    assert requests.get(f"{vllm.url}/health", timeout=5).status_code == 200
+    assert time.monotonic() - began < 0.5
+
+
+def test_sglang_health_without_generation(start) -> None:
+    emu = start(flavor="sglang", block_size=1, health_generates=False)
+    began = time.monotonic()
+    assert requests.get(f"{emu.url}/health", timeout=5).status_code == 200
+    assert time.monotonic() - began < 0.5
+    assert emu.health_generations == 0 and emu.cached_blocks == 0
+    began = time.monotonic()
+    assert requests.get(f"{emu.url}/health_generate", timeout=5).status_code == 200
+    assert time.monotonic() - began >= 1.0
+    assert emu.health_generations == 1 and emu.cached_blocks == 1  # input_ids=[0] went into the cache
+
+
+def test_stop_during_a_health_wait_does_not_hang(start) -> None:
+    emu = start(flavor="sglang")
+    worker = threading.Thread(target=lambda: pytest.raises(Exception, requests.get, f"{emu.url}/health", timeout=5))
+    worker.start()
+    time.sleep(0.2)
+    began = time.monotonic()
+    emu.stop()
+    worker.join(timeout=5)
+    assert not worker.is_alive() and time.monotonic() - began < 1.0
+
+
 # -- faults, auth, death -------------------------------------------------------------------------------------
 
 
@@ -586,25 +820,16 @@ def test_reset_cache_and_context_manager() -> None:
     assert _refused(emu)
 
 
-def test_command_line_serves_until_interrupted() -> None:
+@contextmanager
+def cli_emulator(*args: str) -> Iterator[int]:
+    """Run ``python -m tests.support.emulator`` with ``args`` on a free port until Ctrl-C; yield the port once
+    it answers, then check that SIGINT ends it with status 0."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.support.emulator",
-            "--flavor",
-            "sglang",
-            "--port",
-            str(port),
-            "--block-size",
-            "1",
-            "--no-cache-report",
-            "--ignore-salt",
-        ],
+        [sys.executable, "-m", "tests.support.emulator", "--port", str(port), *args],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -612,15 +837,18 @@ def test_command_line_serves_until_interrupted() -> None:
         text=True,
     )
     try:
-        info = None
+        up = False
         deadline = time.monotonic() + 8
-        while time.monotonic() < deadline and info is None:
+        while time.monotonic() < deadline and not up:
             try:
-                info = requests.get(f"http://127.0.0.1:{port}/server_info", timeout=1).json()
+                requests.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+                up = True
             except requests.exceptions.ConnectionError:
+                if proc.poll() is not None:
+                    break
                 time.sleep(0.05)
-        assert info is not None, proc.communicate()[1] if proc.poll() is not None else "no answer"
-        assert info["page_size"] == 1 and info["enable_cache_report"] is False
+        assert up, proc.communicate()[1] if proc.poll() is not None else "no answer"
+        yield port
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -629,3 +857,27 @@ def test_command_line_serves_until_interrupted() -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == 0
+
+
+def test_command_line_serves_until_interrupted() -> None:
+    with cli_emulator("--flavor", "sglang", "--block-size", "1", "--no-cache-report", "--ignore-salt") as port:
+        info = requests.get(f"http://127.0.0.1:{port}/server_info", timeout=1).json()
+        assert info["page_size"] == 1 and info["enable_cache_report"] is False
+
+
+def test_command_line_qwen3_flags() -> None:
+    thought = [USER1, {"role": "assistant", "content": THOUGHT + "Hi."}, FOLLOW_UP]
+    plain = [USER1, {"role": "assistant", "content": "Hi."}, FOLLOW_UP]
+    args = ("--flavor", "sglang", "--chat-template", "drop-reasoning", "--reasoning", "--no-health-generate")
+    with cli_emulator(*args) as port:
+        url = f"http://127.0.0.1:{port}"
+        began = time.monotonic()
+        assert requests.get(f"{url}/health", timeout=5).status_code == 200
+        assert time.monotonic() - began < 0.5
+        tok = [requests.post(f"{url}/tokenize", json={"messages": m}, timeout=5).json()["tokens"] for m in (thought, plain)]
+        assert tok[0] == tok[1]
+        reply = requests.post(f"{url}/v1/chat/completions", json={"messages": TURN1}, timeout=5).json()
+        assert reply["choices"][0]["message"]["reasoning_content"] and reply["usage"]["reasoning_tokens"] > 0
+    with cli_emulator("--flavor", "vllm", "--chat-template", "empty-think-prompt") as port:
+        tok = requests.post(f"http://127.0.0.1:{port}/tokenize", json={"messages": TURN1}, timeout=5).json()
+        assert tok["tokens"][-len(THINK_END) - 2 :] == tokenize(THINK_END + "\n\n")

@@ -20,7 +20,13 @@ that behaves as those servers do for the parts the plugin uses (see
   SGLang's ``GET /health`` runs a one-token generation on ``input_ids=[0]`` that goes into the cache;
 * knobs for tests: ``diverge_on_hit`` (chosen prompts answer differently on a cache hit, a modelled
   cache-induced flip), ``honor_salt=False`` (a build that ignores the salt), ``api_key``, and fault
-  injection (``fault``, ``fail_after_requests``, :meth:`Emulator.kill`).
+  injection (``fault``, ``fail_after_requests``, :meth:`Emulator.kill`);
+* Qwen3-like behaviour: ``chat_template`` (``"drop-reasoning"``: past turns lose their ``<think>`` block;
+  ``"empty-think-prompt"``: the generation prompt carries an empty think block that past turns do not),
+  ``reasoning=True`` (the model thinks first; the server's reasoning parser splits the reasoning off the
+  answer, so a turn 2 built from ``content`` cannot reuse it), and ``health_generates=False`` (SGLang run
+  with ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false``; by default its ``/health`` generates and takes
+  at least one second).
 
 Run one by hand with ``python -m tests.support.emulator --flavor vllm --port 8000``.
 """
@@ -48,10 +54,16 @@ __all__ = [
     "IM_START",
     "IM_END",
     "EOS_TOKEN_ID",
+    "THINK_START",
+    "THINK_END",
+    "CHAT_TEMPLATES",
     "render_chat",
     "tokenize",
     "detokenize",
     "generate_answer",
+    "generate_reasoning",
+    "thinking_output",
+    "split_reasoning",
     "expected_cached_tokens",
 ]
 
@@ -66,6 +78,15 @@ ENDOFTEXT = "<|endoftext|>"
 SPECIAL_TOKENS: Dict[str, int] = {IM_START: 0x110000, IM_END: 0x110001, ENDOFTEXT: 0x110002}
 SPECIAL_BY_ID: Dict[int, str] = {v: k for k, v in SPECIAL_TOKENS.items()}
 EOS_TOKEN_ID = SPECIAL_TOKENS[IM_END]
+# Qwen3's reasoning markers. They are ordinary text to this tokenizer (one token per code point), unlike
+# Qwen3's own, where each is one added token; nothing here depends on that.
+THINK_START = "<think>"
+THINK_END = "</think>"
+#: ``EmulatorConfig.chat_template`` values: plain ChatML; Qwen3's template, which renders a past assistant
+#: turn with only what follows its last ``</think>``; Qwen3's template with ``enable_thinking: false``,
+#: whose generation prompt ends with an empty think block that past turns are not rendered with.
+CHAT_TEMPLATES = ("chatml", "drop-reasoning", "empty-think-prompt")
+EMPTY_THINK_BLOCK = f"{THINK_START}\n\n{THINK_END}\n\n"
 
 DivergeKnob = Union[
     Callable[[List[Dict[str, Any]]], bool], Set[str], frozenset, List[str], Tuple[str, ...], str, None
@@ -103,16 +124,35 @@ def _content_text(content: Any) -> str:
     raise ValueError("message content must be a string or a list of text parts")
 
 
-def render_chat(messages: Iterable[Dict[str, Any]], add_generation_prompt: bool = True) -> str:
+def render_chat(
+    messages: Iterable[Dict[str, Any]], add_generation_prompt: bool = True, template: str = "chatml"
+) -> str:
     """ChatML: ``<|im_start|>{role}\\n{content}<|im_end|>\\n`` per message, then the generation prompt
-    ``<|im_start|>assistant\\n``."""
+    ``<|im_start|>assistant\\n``.
+
+    ``template`` (one of :data:`CHAT_TEMPLATES`) models Qwen3's template:
+
+    * ``"drop-reasoning"``: an assistant message whose content contains ``</think>`` is rendered with only
+      ``content.split("</think>")[-1].lstrip("\\n")`` (Qwen3's template does so for every assistant turn
+      before the last user message; here it is done for every assistant message);
+    * ``"empty-think-prompt"``: the generation prompt is ``<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n``
+      (Qwen3 with ``enable_thinking: false``) while past assistant turns are plain ChatML, so a turn-2
+      prompt does not start with its turn-1 prompt.
+    """
+    if template not in CHAT_TEMPLATES:
+        raise ValueError(f"chat template must be one of {', '.join(CHAT_TEMPLATES)}, not {template!r}")
     out = []
     for msg in messages:
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
             raise ValueError("each message must be an object with a string 'role'")
-        out.append(f"{IM_START}{msg['role']}\n{_content_text(msg.get('content'))}{IM_END}\n")
+        text = _content_text(msg.get("content"))
+        if template == "drop-reasoning" and msg["role"] == "assistant" and THINK_END in text:
+            text = text.split(THINK_END)[-1].lstrip("\n")
+        out.append(f"{IM_START}{msg['role']}\n{text}{IM_END}\n")
     if add_generation_prompt:
         out.append(f"{IM_START}assistant\n")
+        if template == "empty-think-prompt":
+            out.append(EMPTY_THINK_BLOCK)
     return "".join(out)
 
 
@@ -193,6 +233,39 @@ def generate_answer(prompt_text: str) -> str:
     return _fit(_words(digest, _WORDS, length), length)
 
 
+def generate_reasoning(prompt_text: str) -> str:
+    """The greedy "thinking" for a rendered prompt (``reasoning=True``): 60-120 characters of lowercase
+    words, from a sha256 of the prompt."""
+    digest = hashlib.sha256(b"reasoning\x00" + prompt_text.encode("utf-8")).digest()
+    length = 60 + int.from_bytes(digest[:4], "big") % 61
+    return _fit(_words(digest, _WORDS, length), length)
+
+
+def thinking_output(reasoning: str, answer: str) -> str:
+    """A thinking model's output text (before EOS), Qwen3's shape: ``<think>\\n{R}\\n</think>\\n\\n{answer}``."""
+    return f"{THINK_START}\n{reasoning}\n{THINK_END}\n\n{answer}"
+
+
+def split_reasoning(text: str) -> Tuple[Optional[str], str]:
+    """(reasoning, content) of a thinking model's output text, as the Qwen3 reasoning parsers split it.
+
+    Both servers cut at the first ``</think>`` and strip nothing: the reasoning is the text between the
+    leading ``<think>`` and ``</think>`` (``"\\n" + R + "\\n"`` here), the content everything after
+    ``</think>`` (``"\\n\\n" + answer``), so ``"<think>" + reasoning + "</think>" + content`` is the output
+    again (SGLang 0.5.23 ``BaseReasoningFormatDetector._detect_and_parse_impl``,
+    srt/parser/reasoning_parser.py:163-201; vLLM 0.34 ``ParserEngine._single_pass_parse`` with
+    ``strip_trailing_reasoning_whitespace=False`` for qwen3, vllm/parser/engine/parser_engine.py:794-835,
+    vllm/parser/qwen3.py:328). Output cut by ``max_tokens`` before ``</think>`` is all reasoning (SGLang:
+    "Assume reasoning was truncated before end token", reasoning_parser.py:188-191) and the content is empty;
+    a partial marker is kept as text (kept simple: the real parsers may hold a partial ``</think>`` back).
+    """
+    body = text[len(THINK_START) :] if text.startswith(THINK_START) else text
+    if THINK_END not in body:
+        return body, ""
+    reasoning, content = body.split(THINK_END, 1)
+    return reasoning, content
+
+
 def diverged_answer(prompt_text: str, original: str) -> str:
     """The answer on a cache hit when the diverge knob fires: the same first 40 characters, then other words.
 
@@ -266,6 +339,8 @@ class PrefixCache:
 # ------------------------------------------------------------------------------------------------------------
 
 _DEFAULT_VERSIONS = {"vllm": "0.34.0", "sglang": "0.5.23"}
+# SGLang's health_generate sleeps this long before it first checks for the reply (http_server.py:779).
+HEALTH_CHECK_POLL_SECONDS = 1.0
 FAULT_KINDS = ("429", "500", "503", "not-json", "truncated", "no-choices", "no-usage", "slow:<seconds>")
 
 
@@ -288,10 +363,24 @@ class EmulatorConfig:
     fail_after_requests: Optional[int] = None  # serve this many chat requests, then die on the next one
     fault: Dict[int, str] = field(default_factory=dict)  # chat request number (1-based) -> fault kind
     cache_capacity_blocks: int = 200_000  # LRU bound on cached blocks
+    # --chat-template: "chatml" | "drop-reasoning" (Qwen3: past turns keep only what follows </think>) |
+    # "empty-think-prompt" (Qwen3 with enable_thinking false: the generation prompt ends with an empty think
+    # block that past turns lack). Used by chat requests and /tokenize alike.
+    chat_template: str = "chatml"
+    # A thinking model served with --reasoning-parser qwen3: it outputs "<think>\nR\n</think>\n\n" before its
+    # answer, and the chat response splits R off (vLLM message.reasoning, SGLang message.reasoning_content).
+    reasoning: bool = False
+    # SGLang only: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (default true in 0.5.23, srt/environ.py:344).
+    # False: GET /health answers at once without generating; /health_generate still generates.
+    health_generates: bool = True
 
     def __post_init__(self) -> None:
         if self.flavor not in _DEFAULT_VERSIONS:
             raise ValueError(f"flavor must be 'vllm' or 'sglang', not {self.flavor!r}")
+        if self.chat_template not in CHAT_TEMPLATES:
+            raise ValueError(
+                f"chat_template must be one of {', '.join(CHAT_TEMPLATES)}, not {self.chat_template!r}"
+            )
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
         if self.version is None:
@@ -613,8 +702,8 @@ class Emulator:
             "/get_server_info": (("GET",), self._sglang_server_info),
             "/model_info": (("GET",), self._sglang_model_info),
             "/get_model_info": (("GET",), self._sglang_model_info),
-            "/health": (("GET",), self._sglang_health),
-            "/health_generate": (("GET",), self._sglang_health),
+            "/health": (("GET",), lambda h: self._sglang_health(h, self.config.health_generates)),
+            "/health_generate": (("GET",), lambda h: self._sglang_health(h, True)),
             "/ready": (("GET",), lambda h: h.send_body(200, b"")),
             "/flush_cache": (("GET", "POST"), self._sglang_flush_cache),
             "/tokenize": (("POST",), self._tokenize),
@@ -772,13 +861,28 @@ class Emulator:
             },
         )
 
-    def _sglang_health(self, h: _Handler) -> None:
-        # SGLang's /health generates one token (greedy) for input_ids=[0]; the request goes through the radix
-        # cache like any other, so its (prompt + output - 1) = [0] is inserted (a full page only when G = 1).
+    def _sglang_health(self, h: _Handler, generate: bool) -> None:
+        """SGLang's ``health_generate`` (srt/entrypoints/http_server.py:721-790), behind both ``GET /health``
+        and ``GET /health_generate``.
+
+        With ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION`` false (``generate=False``) ``/health`` answers 200 at
+        once (:745-749). Otherwise it generates one token (greedy) for ``input_ids=[0]`` (:751-766); the
+        request goes through the radix cache like any other, so its (prompt + output - 1) = [0] is inserted
+        (a full page only when G = 1). The handler then ``await asyncio.sleep(1)`` before it first looks for
+        the reply (:778-780), so it answers after at least one second: modelled with a 1 s wait outside the
+        generation lock (other requests are served meanwhile).
+        """
+        if not generate:
+            h.send_body(200, b"")
+            return
+        tic = time.monotonic()
         with self._lock:
             self.health_generations += 1
             if self.config.prefix_caching:
                 self._cache.insert([0], None)
+        if self._stopping.wait(max(HEALTH_CHECK_POLL_SECONDS - (time.monotonic() - tic), 0.0)):
+            h.abort()  # stopped while waiting
+            return
         h.send_body(200, b"")
 
     def _sglang_flush_cache(self, h: _Handler) -> None:
@@ -797,7 +901,9 @@ class Emulator:
             if not isinstance(body, dict):
                 raise ValueError("body must be a JSON object")
             if "messages" in body:
-                text = render_chat(body["messages"], bool(body.get("add_generation_prompt", True)))
+                text = render_chat(
+                    body["messages"], bool(body.get("add_generation_prompt", True)), self.config.chat_template
+                )
             elif isinstance(body.get("prompt"), str):
                 text = body["prompt"]
             else:
@@ -1082,7 +1188,10 @@ class Emulator:
         messages: Any,
         max_tokens: Optional[int],
     ) -> Dict[str, Any]:
-        """Look up the cache, answer greedily, insert the request's blocks. Serialized: batch size one."""
+        """Look up the cache, answer greedily, insert the request's blocks. Serialized: batch size one.
+
+        With ``reasoning`` the output is :func:`thinking_output` (reasoning, then the answer) and every output
+        token, reasoning included, is counted, cut by ``max_tokens`` and cached like any other."""
         cfg = self.config
         with self._lock:
             n_prompt = len(prompt_ids)
@@ -1096,13 +1205,14 @@ class Emulator:
             if cached > 0 and self._should_diverge(prompt_text, messages):
                 answer = diverged_answer(prompt_text, answer)
                 diverged = True
-            if max_tokens is not None and max_tokens <= len(answer):
-                text = answer[:max_tokens]
-                output_ids = [ord(c) for c in text]
+            full = thinking_output(generate_reasoning(prompt_text), answer) if cfg.reasoning else answer
+            if max_tokens is not None and max_tokens <= len(full):
+                text = full[:max_tokens]
+                output_ids = tokenize(text)
                 finish = "length"
             else:
-                text = answer
-                output_ids = [ord(c) for c in text] + [EOS_TOKEN_ID]
+                text = full
+                output_ids = tokenize(text) + [EOS_TOKEN_ID]
                 finish = "stop"
             if cfg.prefix_caching:
                 # The last sampled token is never fed back, so its KV is never computed or cached.
@@ -1111,37 +1221,66 @@ class Emulator:
             self._metrics["generation_tokens"] += len(output_ids)
             self._metrics["success_" + finish] += 1
             self.served_requests += 1
+        reasoning_text: Optional[str] = None
+        content_text = text
+        reasoning_tokens = 0
+        parsed_reasoning_tokens = 0
+        if cfg.reasoning:
+            reasoning_text, content_text = split_reasoning(text)
+            # SGLang's scheduler counts output tokens up to and including the think-end token sequence, or
+            # all of them while it has not come (Req.update_reasoning_tokens, srt/managers/schedule_batch.py:
+            # 2240-2259; the self-opened variant adds the <think> start tokens, :2261-2283): the tokens of
+            # the "<think>...</think>" part.
+            end = text.find(THINK_END)
+            reasoning_tokens = len(tokenize(text[: end + len(THINK_END)])) if end >= 0 else len(output_ids)
+            # vLLM counts the tokens of the parser's reasoning chunks, the text between the markers
+            # (ParserEngine.count_reasoning_tokens -> StreamingParserEngine._record_reasoning_tokens,
+            # vllm/parser/engine/parser_engine.py:788-790, streaming_parser_engine.py:180-185).
+            parsed_reasoning_tokens = len(tokenize(reasoning_text or ""))
         return {
             "text": text,
+            "reasoning_text": reasoning_text,
+            "content_text": content_text,
             "output_ids": output_ids,
             "finish_reason": finish,
             "cached_tokens": cached,
             "prompt_tokens": n_prompt,
             "diverged": diverged,
+            "reasoning_tokens": reasoning_tokens if not self._vllm else parsed_reasoning_tokens,
         }
 
-    def _usage(self, result: Dict[str, Any]) -> Dict[str, Any]:
+    def _usage(self, result: Dict[str, Any], chat: bool = True) -> Dict[str, Any]:
+        """The usage object. ``completion_tokens`` counts every output token, reasoning included."""
         cfg = self.config
         prompt = result["prompt_tokens"]
         completion = len(result["output_ids"])
         cached = result["cached_tokens"]
         if self._vllm:
             details = {"cached_tokens": cached} if cfg.report_cached_tokens else None
-            return {
+            usage: Dict[str, Any] = {
                 "prompt_tokens": prompt,
                 "total_tokens": prompt + completion,
                 "completion_tokens": completion,
                 "prompt_tokens_details": details,
             }
+            if cfg.reasoning and chat:
+                # With a reasoning parser, chat usage carries completion_tokens_details.reasoning_tokens
+                # (vllm/entrypoints/openai/chat_completion/serving.py:166, :1110-1122).
+                usage["completion_tokens_details"] = {"reasoning_tokens": result["reasoning_tokens"]}
+            return usage
         # SGLang's UsageProcessor._details_if_cached: the details object only when the count is > 0.
         details = {"cached_tokens": cached} if cfg.report_cached_tokens and cached > 0 else None
-        return {
+        usage = {
             "prompt_tokens": prompt,
             "total_tokens": prompt + completion,
             "completion_tokens": completion,
             "prompt_tokens_details": details,
-            "reasoning_tokens": 0,
+            "reasoning_tokens": result["reasoning_tokens"],
         }
+        if result["reasoning_tokens"]:
+            # Set only when there are some (srt/entrypoints/openai/usage_processor.py:127-131).
+            usage["completion_tokens_details"] = {"reasoning_tokens": result["reasoning_tokens"]}
+        return usage
 
     @staticmethod
     def _logprob_content(prompt_text: str, output_ids: List[int], k: int) -> List[Dict[str, Any]]:
@@ -1177,16 +1316,19 @@ class Emulator:
         self._check_n(body)
         k = self._logprobs_k(body)
         try:
-            prompt_text = render_chat(messages, bool(body.get("add_generation_prompt", True)))
+            prompt_text = render_chat(
+                messages, bool(body.get("add_generation_prompt", True)), self.config.chat_template
+            )
         except ValueError as exc:
             raise self._validation_error(str(exc), "messages") from None
         prompt_ids = tokenize(prompt_text)
         max_tokens = self._max_tokens(body, len(prompt_ids))
         result = self._generate(prompt_ids, prompt_text, namespace, messages, max_tokens)
+        reasoning, answer, keep_logprobs = self._message_fields(body, result)
 
         logprobs = (
             {"content": self._logprob_content(prompt_text, result["output_ids"], k)}
-            if k is not None
+            if k is not None and keep_logprobs
             else None
         )
         usage = self._usage(result)
@@ -1195,13 +1337,13 @@ class Emulator:
             rid = f"chatcmpl-{uuid.uuid4().hex}"
             message = {
                 "role": "assistant",
-                "content": result["text"],
+                "content": answer,
                 "refusal": None,
                 "annotations": None,
                 "audio": None,
                 "function_call": None,
                 "tool_calls": [],
-                "reasoning": None,
+                "reasoning": reasoning,
             }
             choice = {
                 "index": 0,
@@ -1228,8 +1370,8 @@ class Emulator:
             rid = uuid.uuid4().hex
             message = {
                 "role": "assistant",
-                "content": result["text"],
-                "reasoning_content": None,
+                "content": answer,
+                "reasoning_content": reasoning,
                 "tool_calls": None,
             }
             choice = {
@@ -1251,6 +1393,28 @@ class Emulator:
         if not body.get("stream"):
             return response, None
         return response, self._stream_chunks(body, response, result, logprobs)
+
+    def _message_fields(
+        self, body: Dict[str, Any], result: Dict[str, Any]
+    ) -> Tuple[Optional[str], Optional[str], bool]:
+        """(reasoning, content, keep logprobs) of the chat message, as the server's reasoning parser gives them.
+
+        vLLM 0.34: ``message.reasoning`` and ``content`` from the parser, each None when empty
+        (chat_completion/protocol.py:76-88; parser_engine.py:794-835); ``include_reasoning: false`` drops the
+        reasoning and the logprobs (protocol.py:281; chat_completion/serving.py:1026-1035,
+        message_assembly.py:53-54). SGLang 0.5.23: ``message.reasoning_content`` (None when empty) and
+        ``content`` ("" when empty) unless ``separate_reasoning: false``, which leaves the whole output in
+        ``content`` (protocol.py:1018; serving_chat.py:2929-2950, :2994-3004)."""
+        if not self.config.reasoning:
+            return None, result["text"], True
+        reasoning, content = result["reasoning_text"], result["content_text"]
+        if self._vllm:
+            if body.get("include_reasoning", True) is False:
+                return None, content or None, False
+            return reasoning or None, content or None, True
+        if body.get("separate_reasoning", True) is False:
+            return None, result["text"], True
+        return reasoning or None, content, True
 
     def _stream_chunks(
         self,
@@ -1278,24 +1442,27 @@ class Emulator:
                 ],
             )
         ]
-        text = result["text"]
         step = 8
         lp_content = (logprobs or {}).get("content") or []
-        for start in range(0, len(text), step):
-            piece_lp = {"content": lp_content[start : start + step]} if logprobs is not None else None
-            chunks.append(
-                dict(
-                    base,
-                    choices=[
-                        {
-                            "index": 0,
-                            "delta": {"content": text[start : start + step]},
-                            "logprobs": piece_lp,
-                            "finish_reason": None,
-                        }
-                    ],
+        cursor = 0  # logprob entries already sent: a piece carries those of the tokens up to its end
+        for key, text, offset in self._stream_segments(response, result):
+            for start in range(0, len(text), step):
+                end = offset + min(start + step, len(text))  # one token per character of the output text
+                piece_lp = {"content": lp_content[cursor:end]} if logprobs is not None else None
+                cursor = end
+                chunks.append(
+                    dict(
+                        base,
+                        choices=[
+                            {
+                                "index": 0,
+                                "delta": {key: text[start : start + step]},
+                                "logprobs": piece_lp,
+                                "finish_reason": None,
+                            }
+                        ],
+                    )
                 )
-            )
         chunks.append(
             dict(
                 base,
@@ -1308,6 +1475,25 @@ class Emulator:
         if isinstance(options, dict) and options.get("include_usage"):
             chunks.append(dict(base, choices=[], usage=response["usage"]))
         return chunks
+
+    def _stream_segments(
+        self, response: Dict[str, Any], result: Dict[str, Any]
+    ) -> List[Tuple[str, str, int]]:
+        """(delta key, text, offset of its first token in the output) for each streamed part of the message:
+        the reasoning (vLLM ``delta.reasoning``, SGLang ``delta.reasoning_content``), then the content."""
+        message = response["choices"][0]["message"]
+        text = result["text"]
+        reasoning_key = "reasoning" if self._vllm else "reasoning_content"
+        reasoning = message.get(reasoning_key)
+        content = message.get("content") or ""
+        if not self.config.reasoning or content == text:
+            return [("content", content, 0)]
+        segments: List[Tuple[str, str, int]] = []
+        if reasoning:
+            segments.append((reasoning_key, reasoning, len(THINK_START) if text.startswith(THINK_START) else 0))
+        if content:
+            segments.append(("content", content, text.index(THINK_END) + len(THINK_END)))
+        return segments
 
     def _completion(self, body: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[List[Dict[str, Any]]]]:
         prompt = body.get("prompt")
@@ -1365,7 +1551,7 @@ class Emulator:
             "created": int(time.time()),
             "model": model,
             "choices": [choice],
-            "usage": self._usage(result),
+            "usage": self._usage(result, chat=False),
         }
         return response, None
 
@@ -1402,6 +1588,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         default=None,
         help="prompts containing this answer differently on a cache hit (repeatable)",
     )
+    parser.add_argument(
+        "--chat-template",
+        choices=CHAT_TEMPLATES,
+        default="chatml",
+        help="chatml; drop-reasoning (Qwen3: past turns lose their <think> block); empty-think-prompt "
+        "(Qwen3 with enable_thinking false: the generation prompt ends with an empty think block)",
+    )
+    parser.add_argument(
+        "--reasoning",
+        action="store_true",
+        help="a thinking model behind a reasoning parser: <think>...</think> before each answer",
+    )
+    parser.add_argument(
+        "--no-health-generate",
+        action="store_true",
+        help="SGLang with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false: /health does not generate",
+    )
     args = parser.parse_args(argv)
     config = EmulatorConfig(
         flavor=args.flavor,
@@ -1412,13 +1615,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         honor_salt=not args.ignore_salt,
         api_key=args.api_key,
         diverge_on_hit=set(args.diverge_marker) if args.diverge_marker else None,
+        chat_template=args.chat_template,
+        reasoning=args.reasoning,
+        health_generates=not args.no_health_generate,
     )
     emulator = Emulator(config, host=args.host, port=args.port).start()
+    health = ""
+    if config.flavor == "sglang":
+        health = f", /health {'generates' if config.health_generates else 'does not generate'}"
     print(
         f"emulated {config.flavor} {config.version} serving {config.model!r} at {emulator.url} "
         f"(block size {config.block_size}, prefix caching {'on' if config.prefix_caching else 'off'}, "
         f"cache report {'on' if config.report_cached_tokens else 'off'}, salt "
-        f"{'honoured' if config.honor_salt else 'ignored'}); Ctrl-C stops it",
+        f"{'honoured' if config.honor_salt else 'ignored'}, chat template {config.chat_template}, reasoning "
+        f"{'on' if config.reasoning else 'off'}{health}); Ctrl-C stops it",
         flush=True,
     )
     try:
