@@ -174,6 +174,27 @@ def check_report(data: Any, path: str = "baseline") -> None:
                                 f"'outcome'; the file is damaged or not a pytest-cachecheck report")
 
 
+def baseline_for(data: Mapping[str, Any], target: Optional[str], path: str = "baseline") -> Dict[str, Any]:
+    """The part of a loaded baseline report that one target of this run is compared with.
+
+    A one-server report serves every target; a target-matrix report serves the target of the same
+    name. Raises :class:`BaselineError` naming the file when there is no such part.
+    """
+    from .report import target_view
+
+    targets = data.get("targets")
+    if not isinstance(targets, list) or not targets:
+        return dict(data)
+    names = [str(t.get("name")) for t in targets if isinstance(t, dict)]
+    if target is None:
+        raise BaselineError(f"{path}: a target-matrix report (targets {', '.join(names)}); compare it with a "
+                            f"run given the same --cachecheck-target names, or use a one-server report")
+    if target not in names:
+        raise BaselineError(f"{path}: the baseline's targets are {', '.join(names)}; it has no target "
+                            f"{target!r} to compare with")
+    return target_view(data, target)
+
+
 # --------------------------------------------------------------------------- environment
 
 def _get(obj: Any, *keys: str) -> Any:

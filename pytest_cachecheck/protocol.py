@@ -15,11 +15,11 @@ cache and recompute turn-2 answers differ is a divergence.
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
 from .clients import CLIENTS, ChatClient, Http, Reply
+from .clients.openai_compat import new_salt
 from .detect import block_size, detect_server, setup_problems
 from .errors import RequestError, ServerSetupError
 from .outcomes import DIFFERENT, ERROR, INCONCLUSIVE, SAME
@@ -192,18 +192,17 @@ class Target:
     cache: ChatClient
     nocache: Optional[ChatClient]
     hit_tolerance: Optional[int] = None  # None: as configured; set from the server's block size
+    checked: bool = False  # whether the setup checks that send requests (``checks.run_checks``) have run
+    warnings: List[str] = field(default_factory=list)  # setup findings that do not stop the run
+    notes: List[str] = field(default_factory=list)  # what those checks saw
 
     def describe(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {"mode": self.mode, "server": self.cache.info.to_dict(),
-                               "hit_tolerance": self.hit_tolerance}
+                               "hit_tolerance": self.hit_tolerance, "setup_warnings": list(self.warnings),
+                               "setup_checks": list(self.notes)}
         if self.nocache is not None:
             out["nocache_server"] = self.nocache.info.to_dict()
         return out
-
-
-def new_salt() -> str:
-    # vLLM: a non-empty string of at most 128 characters without '@', '/', '\\' or NUL
-    return "cachecheck-" + uuid.uuid4().hex
 
 
 class Runner:
@@ -223,18 +222,34 @@ class Runner:
         return Http(url, api_key=self.settings.api_key, timeout=self.settings.timeout,
                     redactor=self.redactor)
 
-    def target(self) -> Target:
-        """Detect servers and resolve the mode, once. Raises RequestError or ServerSetupError."""
-        if self._target is not None:
-            return self._target
+    def target(self, *, send: bool = True) -> Target:
+        """Detect servers, resolve the mode and check the setup, once. Raises RequestError or
+        ServerSetupError.
+
+        ``send=False`` stops before the checks that send chat requests (an xdist controller, whose
+        workers may already be probing the server, must not send any); they run on the next call with
+        ``send=True``.
+        """
         if self._setup_error is not None:
             raise self._setup_error
         try:
-            self._target = self._resolve()
+            if self._target is None:
+                self._target = self._resolve()
+            if send and not self._target.checked:
+                self._check(self._target)
         except (RequestError, ServerSetupError) as exc:
             self._setup_error = exc
             raise
         return self._target
+
+    def _check(self, target: Target) -> None:
+        from .checks import run_checks
+
+        target.checked = True
+        found = run_checks(target.mode, target.cache, target.nocache, self.settings.skip_hit_check)
+        target.warnings, target.notes = found.warnings, found.notes
+        if found.problems:
+            raise ServerSetupError("the server setup would spoil the measurement: " + "; ".join(found.problems))
 
     def _resolve(self) -> Target:
         s = self.settings
@@ -380,6 +395,11 @@ class Runner:
             if self.clean_turn1(target) and t1.cached_tokens:
                 problems.append(f"cache run {run}: turn 1 reused {t1.cached_tokens} cached tokens; it must "
                                 f"start from a clean state")
+        reasoned = max(by[f"cache-{run}/turn-1"].reasoning_chars for run in (1, 2))
+        if reasoned and any("turn-2 cache hit was" in p for p in problems):
+            problems.append(f"turn 1 came with {reasoned} characters of reasoning, which the server split off "
+                            f"the answer and the turn-2 history (the answer only) does not carry; turn thinking "
+                            f"off for this check")
         checks["cache_hits"] = hits
         reused = []
         for run in (1, 2):

@@ -114,6 +114,20 @@ def judge(t: Tally, min_valid: float, interrupted: bool = False,
     return Verdict("passed", True, "no valid probe differed")
 
 
+def combine_verdicts(named: Sequence[Tuple[str, Verdict]]) -> Verdict:
+    """The session verdict of a target matrix: it passes when every target passes; otherwise it takes the
+    first failing target's status and names every failing target with its reason."""
+    failing = [(name, v) for name, v in named if not v.ok]
+    if not failing:
+        ran = [(name, v) for name, v in named if v.status != "no-probes"]
+        if not ran:
+            return Verdict("no-probes", True, "no probe ran")
+        return Verdict("passed", True, "; ".join(f"{name}: {v.why}" for name, v in ran))
+    if all(v.status == "interrupted" for _, v in failing):
+        return failing[0][1]
+    return Verdict(failing[0][1].status, False, "; ".join(f"{name}: {v.why}" for name, v in failing))
+
+
 def divergence_line(t: Tally) -> str:
     return f"{t.different} of {t.valid} valid probes gave a different turn-2 answer on the cache path."
 
@@ -174,6 +188,8 @@ def build_report(run: Mapping[str, Any], records: Sequence[Mapping[str, Any]], s
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **{k: run.get(k) for k in ("settings", "mode", "server", "nocache_server", "probe_set", "served",
                                    "hit_tolerance")},
+        "setup_warnings": list(run.get("setup_warnings") or []),
+        "setup_checks": list(run.get("setup_checks") or []),
         "summary": {
             **t.to_dict(),
             "rate": (t.different / t.valid) if t.valid else None,
@@ -186,6 +202,85 @@ def build_report(run: Mapping[str, Any], records: Sequence[Mapping[str, Any]], s
         },
         "probes": list(records),
     }
+
+
+REPORT_TOP_KEYS = ("schema_version", "tool", "created", "settings", "probe_set")
+
+
+def build_matrix_report(targets: Sequence[Mapping[str, Any]], verdict: Verdict,
+                        exit_status: Optional[int]) -> Dict[str, Any]:
+    """The report of a target-matrix run from each target's own report (the layout of ``build_report``,
+    with ``name``, ``url`` and, but for the first, ``vs_reference`` added).
+
+    Top level: the common keys, an overall ``summary`` (counts summed over the targets; ``rate`` is
+    per target only), ``targets`` (each target's run, summary and comparison with the first target) and
+    ``probes`` (every record, each with its ``target``).
+    """
+    first = targets[0]
+    totals = Tally()
+    for t in targets:
+        s = t["summary"]
+        totals.probes += s["probes"]
+        totals.same += s["same"]
+        totals.different += s["different"]
+        totals.inconclusive += s["inconclusive"]
+        totals.errors += s["errors"]
+    return {
+        **{k: first.get(k) for k in REPORT_TOP_KEYS},
+        "mode": None, "server": None, "nocache_server": None, "served": None, "hit_tolerance": None,
+        "setup_warnings": [f"{t['name']}: {w}" for t in targets for w in t.get("setup_warnings") or []],
+        "setup_checks": [],
+        "summary": {**totals.to_dict(), "rate": None, "rate_ci95": None, "status": verdict.status,
+                    "why": verdict.why, "exit_status": exit_status,
+                    "not_run": [f"{pid}@{t['name']}" for t in targets for pid in t["summary"]["not_run"]],
+                    "recompute_reuse_cause": None},
+        "targets": [{k: v for k, v in t.items() if k not in REPORT_TOP_KEYS and k != "probes"}
+                    for t in targets],
+        "probes": [dict(p, target=t["name"]) for t in targets for p in t["probes"]],
+    }
+
+
+def target_view(report: Mapping[str, Any], name: str) -> Dict[str, Any]:
+    """One target's part of a target-matrix report, in the layout of a one-server report."""
+    for t in report.get("targets") or []:
+        if isinstance(t, Mapping) and t.get("name") == name:
+            return {**{k: report.get(k) for k in REPORT_TOP_KEYS}, **t,
+                    "probes": [p for p in report.get("probes") or []
+                               if isinstance(p, Mapping) and p.get("target") == name]}
+    raise KeyError(name)
+
+
+def matrix_lines(targets: Sequence[Mapping[str, Any]]) -> List[str]:
+    """The side-by-side table of a target matrix: counts, rate with its 95% interval, and the paired
+    comparison of each target with the first (probes that diverged on one only, exact McNemar p)."""
+    from .baseline import format_p
+
+    header = ("target", "server", "valid", "same", "diff", "inconcl", "errors", "rate", "95% interval",
+              f"vs {targets[0]['name']}")
+    rows = [header]
+    for i, t in enumerate(targets):
+        s, server = t["summary"], t.get("server") or {}
+        ci = s.get("rate_ci95")
+        vs = "(reference)"
+        cmp = t.get("vs_reference")
+        if i and isinstance(cmp, Mapping):
+            vs = (f"{cmp.get('newly_diverged_count', 0)} diverged only here, {cmp.get('healed_count', 0)} only on "
+                  f"{targets[0]['name']}; McNemar p = {format_p(cmp.get('mcnemar_p'))}")
+        rows.append((
+            str(t["name"]),
+            " ".join(str(x) for x in (server.get("kind"), server.get("build"), server.get("model")) if x) or "?",
+            str(s["valid"]), str(s["same"]), str(s["different"]), str(s["inconclusive"]), str(s["errors"]),
+            f"{s['rate']:.1%}" if isinstance(s.get("rate"), float) else "n/a",
+            f"{ci[0]:.1%} to {ci[1]:.1%}" if ci else "n/a",
+            vs,
+        ))
+    widths = [min(48, max(len(r[c]) for r in rows)) for c in range(len(header) - 1)]
+    out = []
+    for r in rows:
+        cells = [(r[c] if len(r[c]) <= widths[c] else r[c][:widths[c] - 3] + "...").ljust(widths[c])
+                 for c in range(len(widths))]
+        out.append("  ".join(cells + [r[-1]]).rstrip())
+    return out
 
 
 def write_text_atomic(path: str, text: str, suffix: str = ".tmp") -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
@@ -46,6 +47,10 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("url", "--cachecheck-url", "the server under test; turns the plugin on. Give it several times "
                "for replicas of one deployment: with pytest-xdist -n N each worker owns one", "CACHECHECK_URL",
                kind="list", metavar="URL"),
+    OptionSpec("target", "--cachecheck-target",
+               "NAME=URL: a server of a target matrix (e.g. f16=http://host:8080); give it once per target "
+               "to run every probe on each and compare their rates side by side; replaces --cachecheck-url",
+               kind="list", metavar="NAME=URL"),
     OptionSpec("mode", "--cachecheck-mode",
                "auto (default), llama.cpp, one-server or two-servers", metavar="MODE"),
     OptionSpec("nocache_url", "--cachecheck-nocache-url",
@@ -102,6 +107,7 @@ class Settings:
     url: str
     mode: str = "auto"
     replicas: Tuple[str, ...] = ()  # every --cachecheck-url given; ``url`` is this process's one
+    targets: Tuple[Tuple[str, str], ...] = ()  # (name, url) of a target matrix; ``url`` is the first's
     nocache_url: Optional[str] = None
     model: Optional[str] = None
     probe_files: Tuple[str, ...] = ()
@@ -132,6 +138,7 @@ class Settings:
         return {
             "url": display_url(self.url),
             "replicas": [display_url(u) for u in self.replicas],
+            "targets": [{"name": n, "url": display_url(u)} for n, u in self.targets],
             "mode": self.mode,
             "nocache_url": display_url(self.nocache_url) if self.nocache_url else None,
             "model": self.model,
@@ -158,6 +165,9 @@ Getter = Callable[[str], Any]
 def _bad(name: str, value: Any, allowed: str) -> ConfigError:
     spec = SPECS[name]
     shown = display_url(str(value)) if name in ("url", "nocache_url") else value
+    if name == "target" and "=" in str(value):
+        target_name, _, target_url = str(value).partition("=")
+        shown = target_name + "=" + display_url(target_url)
     if name == "api_key":
         shown = "***"
     return ConfigError(f"{spec.flag} (ini {spec.ini}): {shown!r} is not allowed; expected {allowed}")
@@ -260,6 +270,13 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
     urls = raw.get("url")
     if isinstance(urls, str):
         urls = urls.split()
+    targets = _targets(raw.get("target"))
+    if targets:
+        if urls:
+            raise ConfigError("--cachecheck-target (ini cachecheck_target) names every server of a target "
+                              "matrix; it conflicts with --cachecheck-url (ini cachecheck_url, env "
+                              "CACHECHECK_URL): give the first server as a target too")
+        urls = [targets[0][1]]
     url = urls[0] if urls else None
     if url is None:
         for name in ("nocache_url",):
@@ -274,6 +291,9 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
     mode = str(raw.get("mode") or "auto").strip()
     if mode not in MODES:
         raise _bad("mode", mode, "one of " + ", ".join(MODES))
+    if targets and (mode == "two-servers" or raw.get("nocache_url")):
+        raise ConfigError("--cachecheck-target runs each target in llama.cpp or one-server mode; two-servers "
+                          "mode (--cachecheck-nocache-url) takes one pair of servers per run")
     nocache = raw.get("nocache_url")
     nocache_url = _url("nocache_url", str(nocache)) if nocache else None
     if nocache_url and mode in ("llama.cpp", "one-server"):
@@ -337,7 +357,8 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         serve=str(serve).strip() if serve else None,
         server_args=raw.get("server_args") or None,
         url=url,
-        replicas=replicas,
+        replicas=() if targets else replicas,
+        targets=targets,
         mode=mode,
         nocache_url=nocache_url,
         model=str(model).strip() if model is not None else None,
@@ -357,12 +378,42 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
     )
 
 
+_TARGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}")
+
+
+def _targets(value: Any) -> Tuple[Tuple[str, str], ...]:
+    """``NAME=URL`` entries of a target matrix, validated: names unique and short, URLs unique."""
+    if not value:
+        return ()
+    entries = value.split() if isinstance(value, str) else [str(v) for v in value]
+    out: List[Tuple[str, str]] = []
+    for entry in entries:
+        name, sep, url = entry.strip().partition("=")
+        if not sep or not _TARGET_NAME.fullmatch(name):
+            raise _bad("target", entry, "NAME=URL, where NAME is 1-40 letters, digits, '.', '_', '+' or '-' "
+                       "starting with a letter or digit (e.g. f16=http://127.0.0.1:8080)")
+        try:
+            url = _url("url", url)
+        except ConfigError:
+            raise _bad("target", entry, "NAME=URL with an http:// or https:// URL with a host, e.g. "
+                       "f16=http://127.0.0.1:8080") from None
+        if any(n == name for n, _ in out):
+            raise _bad("target", entry, f"a different name for each target ({name!r} is given twice)")
+        if any(u == url for _, u in out):
+            raise _bad("target", entry, "a different server for each target (this URL is given twice)")
+        out.append((name, url))
+    return tuple(out)
+
+
 def reproduce_args(settings: Settings) -> Sequence[str]:
     """Command-line flags that reproduce this run, without secrets."""
     if settings.serve:
         args = [f"--cachecheck-serve={settings.serve}"]
         if settings.server_args:
             args.append(f"--cachecheck-server-args={settings.server_args!r}")
+    elif settings.targets:
+        args = [f"--cachecheck-target={n}={display_url(u)}" for n, u in settings.targets]
+        args.append(f"--cachecheck-mode={settings.mode}")
     else:
         args = [f"--cachecheck-url={display_url(u)}" for u in settings.replicas or (settings.url,)]
         args.append(f"--cachecheck-mode={settings.mode}")

@@ -60,6 +60,7 @@ def section(text: str, title: str) -> List[str]:
 # (fault, the chat request it hits, words of the cause). Probe 2 (bike-chain) sends requests 7..12, in the
 # order cache-1/turn-1, cache-1/turn-2, cache-2/turn-1, cache-2/turn-2, recompute-1, recompute-2; the
 # faults are spread over those steps.
+SETUP = 1  # chat requests before the first probe: the setup check of cached-token reporting (vLLM)
 FAULTS = [
     ("429", 7, "HTTP 429: Too Many Requests"),
     ("500", 8, "HTTP 500: Internal Server Error"),
@@ -74,7 +75,7 @@ FAULTS = [
 
 @pytest.mark.parametrize("fault, at, words", FAULTS, ids=[f[0].split(":")[0] for f in FAULTS])
 def test_fault_errors_that_probe_and_the_session_goes_on(pytester, emulator, fault, at, words):
-    emu = emulator(fault={at: fault})
+    emu = emulator(fault={SETUP + at: fault})
     timeout = ["--cachecheck-timeout=1"] if fault.startswith("slow") else []  # others keep the default
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=4", *timeout,
                                 "--cachecheck-report=r.json", "-v", *FAST)
@@ -91,7 +92,7 @@ def test_fault_errors_that_probe_and_the_session_goes_on(pytester, emulator, fau
         "cachecheck verdict: FAIL (errors)*",
     ])
     # the two probes after the fault were measured in full
-    assert len(emu.requests_log) == 6 + (at - 6) + 6 + 6
+    assert len(emu.requests_log) == SETUP + 6 + (at - 6) + 6 + 6
     data = json.loads((pytester.path / "r.json").read_text())
     outcomes = {p["id"]: p["outcome"] for p in data["probes"]}
     assert outcomes == {"tea-steeping": "same", "bike-chain": "error", "bread-rising": "same",
@@ -103,7 +104,7 @@ def test_fault_errors_that_probe_and_the_session_goes_on(pytester, emulator, fau
 
 # -- the server dies mid-run --------------------------------------------------------------------------
 def test_server_dies_mid_run_errors_quickly_and_reports_what_was_measured(pytester, emulator):
-    emu = emulator(fail_after_requests=15)  # probes 1-2, then three requests of probe 3, then dead
+    emu = emulator(fail_after_requests=SETUP + 15)  # probes 1-2, then three requests of probe 3, then dead
     start = time.monotonic()
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=5", "--cachecheck-timeout=30",
                                 "--cachecheck-report=r.json", *FAST)
@@ -135,7 +136,7 @@ def test_server_dies_mid_run_errors_quickly_and_reports_what_was_measured(pytest
 
 
 def test_server_dies_summary_names_the_cause_in_one_line(pytester, emulator):
-    emu = emulator(fail_after_requests=6)
+    emu = emulator(fail_after_requests=SETUP + 6)
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=3", *FAST)
     result.assert_outcomes(passed=1, errors=2)
     summary = section(result.stdout.str(), "cachecheck summary")
@@ -146,7 +147,7 @@ def test_server_dies_summary_names_the_cause_in_one_line(pytester, emulator):
 # -- interruption -------------------------------------------------------------------------------------
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGINT to a child process")
 def test_sigint_writes_an_interrupted_report(pytester, emulator):
-    emu = emulator(fault={15: "slow:30"})  # probe 3's third request hangs
+    emu = emulator(fault={SETUP + 15: "slow:30"})  # probe 3's third request hangs
     report = pytester.path / "r.json"
     proc = subprocess.Popen(
         [sys.executable, "-m", "pytest", f"--cachecheck-url={emu.url}", "--cachecheck-n=5",
@@ -154,9 +155,9 @@ def test_sigint_writes_an_interrupted_report(pytester, emulator):
         cwd=str(pytester.path), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 30
-        while len(emu.requests_log) < 15 and proc.poll() is None and time.monotonic() < deadline:
+        while len(emu.requests_log) < SETUP + 15 and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert len(emu.requests_log) >= 15, "the run did not get to the slow request"
+        assert len(emu.requests_log) >= SETUP + 15, "the run did not get to the slow request"
         sent = time.monotonic()
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=20)
@@ -418,7 +419,7 @@ def test_conversation_text_reaches_the_server_exactly(pytester, emulator):
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-probes=text.jsonl",
                                 "--cachecheck-probes=text.json", "--cachecheck-max-tokens=64", *FAST)
     result.assert_outcomes(passed=len(CONVERSATIONS))
-    log = emu.requests_log
+    log = emu.requests_log[SETUP:]
     assert len(log) == 6 * len(CONVERSATIONS)
     for i, conv in enumerate(CONVERSATIONS):
         sent = [r["messages"] for r in log[6 * i: 6 * i + 6]]

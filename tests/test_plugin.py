@@ -9,6 +9,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 SMALL = ["--cachecheck-n=3", "-p", "no:cacheprovider"]
+SETUP = 1  # chat requests before the first probe: the setup check of cached-token reporting (vLLM)
 
 
 def chat_count(emu) -> int:
@@ -50,7 +51,7 @@ def test_empty_folder_runs_builtin_probes(pytester, emulator):
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "-p", "no:cacheprovider", "-v")
     result.assert_outcomes(passed=20)
     assert result.ret == 0
-    assert chat_count(emu) == 120  # six requests a probe
+    assert chat_count(emu) == SETUP + 120  # six requests a probe
     result.stdout.fnmatch_lines([
         "cachecheck: mode one-server (auto-detected) | server vllm 0.34.0 | model emu/tiny-chat",
         "*collected 20 items",
@@ -102,7 +103,9 @@ def test_reporting_off_errors_naming_the_flag(pytester, emulator, flavor, flag):
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
     result.assert_outcomes(errors=3)
     assert result.ret == 1
-    result.stdout.fnmatch_lines([f"*did not report cached tokens*{flag}*"])
+    result.stdout.fnmatch_lines([f"*server not usable: *not report cached tokens*{flag}*"])
+    # caught before the first probe: vLLM by one one-token request, SGLang by its /server_info alone
+    assert chat_count(emu) == (SETUP if flavor == "vllm" else 0)
 
 
 def test_block_size_64_needs_tolerance(pytester, emulator):
@@ -143,7 +146,7 @@ def test_setup_problems_are_caught(pytester, emulator, cache_cfg, nocache_cfg, w
 
 
 def test_server_error_is_an_error_not_a_failure(pytester, emulator):
-    emu = emulator(fault={2: "500", 9: "not-json"})
+    emu = emulator(fault={SETUP + 2: "500", SETUP + 9: "not-json"})
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
     result.assert_outcomes(passed=1, errors=2)
     result.stdout.fnmatch_lines(["*ERROR at setup of probe[[]tea-steeping[]]*", "*HTTP 500*",
@@ -156,7 +159,8 @@ def test_sglang_one_server(pytester, emulator):
                                 "-rs")
     result.assert_outcomes(passed=3, failed=1)
     result.stdout.fnmatch_lines(["cachecheck: mode one-server (auto-detected) | server sglang 0.5.23*"])
-    assert emu.health_generations == 0  # never polls SGLang's generating /health
+    # SGLang's /health generates: asked once before the first probe, to learn whether it does, never after
+    assert emu.health_generations == 1
 
 
 def test_two_servers_and_both_off_control(pytester, emulator):
@@ -166,7 +170,7 @@ def test_two_servers_and_both_off_control(pytester, emulator):
                                 *SMALL)
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["cachecheck: mode two-servers | server vllm*"])
-    assert chat_count(cache) == 12 and chat_count(nocache) == 6
+    assert chat_count(cache) == SETUP + 12 and chat_count(nocache) == SETUP + 6
     both_off = emulator(prefix_caching=False)
     result = pytester.runpytest(f"--cachecheck-url={both_off.url}", f"--cachecheck-nocache-url={nocache.url}",
                                 *SMALL, "--cachecheck-skip-hit-check")
@@ -201,7 +205,7 @@ def test_beside_a_suite_with_k_and_m(pytester, emulator):
     pytester.makepyfile("def test_mine(): pass")
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "-p", "no:cacheprovider", "-k", "moon-phases")
     result.assert_outcomes(passed=1)
-    assert chat_count(emu) == 6
+    assert chat_count(emu) == SETUP + 6
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "-m", "not cachecheck")
     result.assert_outcomes(passed=1)
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
@@ -290,12 +294,12 @@ def test_ini_env_and_command_line_precedence(pytester, emulator, monkeypatch):
     pytester.makeini(f"[pytest]\ncachecheck_url = {ini_emu.url}\ncachecheck_n = 1\n")
     monkeypatch.setenv("CACHECHECK_URL", env_emu.url)
     pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
-    assert (chat_count(ini_emu), chat_count(cli_emu), chat_count(env_emu)) == (6, 0, 0)
+    assert (chat_count(ini_emu), chat_count(cli_emu), chat_count(env_emu)) == (SETUP + 6, 0, 0)
     pytester.runpytest(f"--cachecheck-url={cli_emu.url}").assert_outcomes(passed=1)
-    assert (chat_count(ini_emu), chat_count(cli_emu), chat_count(env_emu)) == (6, 6, 0)
+    assert (chat_count(ini_emu), chat_count(cli_emu), chat_count(env_emu)) == (SETUP + 6, SETUP + 6, 0)
     pytester.makeini("[pytest]\ncachecheck_n = 1\n")
     pytester.runpytest().assert_outcomes(passed=1)
-    assert chat_count(env_emu) == 6
+    assert chat_count(env_emu) == SETUP + 6
 
 
 def test_own_probe_files(pytester, emulator):
@@ -359,7 +363,7 @@ def test_pytest_json_report_and_junit(pytester, emulator):
 
 
 def test_report_written_when_server_dies(pytester, emulator):
-    emu = emulator(fail_after_requests=13)  # two probes, then one request of the third, then dead
+    emu = emulator(fail_after_requests=SETUP + 13)  # two probes, then one request of the third, then dead
     report = pytester.path / "r.json"
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=5",
                                 f"--cachecheck-report={report}", "--cachecheck-timeout=5")
@@ -503,7 +507,10 @@ def test_replicas_one_server_per_worker(pytester, emulator):
     for p in data["probes"]:
         assert owner.setdefault(p["worker"], p["server_url"]) == p["server_url"]  # a worker keeps its server
     assert sorted(owner.values()) == sorted([a.url, b.url])  # and no two workers share one
-    assert len(a.requests_log) + len(b.requests_log) == 36 and a.requests_log and b.requests_log
+    assert len(a.requests_log) + len(b.requests_log) == 36 + 2 * SETUP
+    for emu in (a, b):  # each worker checked its own server, once, before its probes; the controller sent none
+        assert [r["max_tokens"] for r in emu.requests_log[:SETUP]] == [1] * SETUP
+        assert all(r["max_tokens"] == 256 for r in emu.requests_log[SETUP:]) and emu.requests_log[SETUP:]
     single = pytester.runpytest(f"--cachecheck-url={a.url}", "--cachecheck-n=6", "--cachecheck-report=one.json")
     one = json.loads((pytester.path / "one.json").read_text())
     assert {p["id"]: p["outcome"] for p in one["probes"]} == {p["id"]: p["outcome"] for p in data["probes"]}

@@ -53,7 +53,7 @@ def run(mode: str, script: List[Any], nocache_script: Optional[List[Any]] = None
     kind = cache_kind or ("llama.cpp" if mode == "llama.cpp" else "vllm")
     cache = Scripted(kind, script, pieces=True)
     nocache = Scripted("vllm", nocache_script) if nocache_script is not None else None
-    runner._target = Target(mode, cache, nocache)
+    runner._target = Target(mode, cache, nocache, checked=True)  # the setup checks have their own tests
     return runner.run(PROBE), cache, nocache
 
 

@@ -86,7 +86,7 @@ def result_block(stdout: str) -> List[str]:
 ])
 def test_no_secret_in_any_output(pytester, emulator, monkeypatch, key, userinfo, query):
     # bike-chain (probe 2) diverges: a failure; probe 3's first request gets an HTTP 500: an error
-    emu = emulator(api_key=KEY if key else None, diverge_on_hit={"bicycle"}, fault={13: "500"})
+    emu = emulator(api_key=KEY if key else None, diverge_on_hit={"bicycle"}, fault={1 + 13: "500"})  # 1: the setup check's request
     url = with_credentials(emu.url, userinfo, query)
     args = [f"--cachecheck-url={url}", "--cachecheck-n=3", "-v", "-rA", "--cachecheck-report=cc.json",
             "--json-report", "--json-report-file=jr.json", "--junitxml=junit.xml", *FAST]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 import requests
@@ -28,6 +28,8 @@ class Reply:
     cached_tokens: Optional[int]  # None = the server did not report it (unknown, never 0)
     #: per answer token (token text, its logprob, top-1 minus top-2 logprob), where logprobs were asked for
     logprobs: Optional[List[Tuple[str, Optional[float], Optional[float]]]] = None
+    #: characters of reasoning the server split off the answer (``reasoning_content`` / ``reasoning``)
+    reasoning_chars: int = 0
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -36,6 +38,7 @@ class Reply:
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "cached_tokens": self.cached_tokens,
+            "reasoning_chars": self.reasoning_chars,
         }
 
 
@@ -212,6 +215,11 @@ class ChatClient:
         """The text as the server's tokens, where the server can say; else None."""
         return None
 
+    def render(self, messages: List[Dict[str, str]]) -> Optional[Sequence[Any]]:
+        """The prompt the server's chat template makes of ``messages`` (with the generation prompt), as text
+        or token ids, where the server has an endpoint for it; else None. Generates nothing."""
+        return None
+
     @staticmethod
     def logprob_fields(want: bool) -> Dict[str, Any]:
         """Ask for the top-2 logprobs of each answer token (never prompt logprobs: they bypass caches)."""
@@ -229,6 +237,17 @@ class ChatClient:
         if not isinstance(usage, dict):
             raise RequestError(f"{where}: the response has no usage counts", where=where)
         return message["content"], choices[0].get("finish_reason"), usage
+
+    @staticmethod
+    def reasoning_chars(data: Dict[str, Any]) -> int:
+        """Characters of reasoning a reasoning parser split off the answer: ``reasoning_content``
+        (llama-server, SGLang, older vLLM) or ``reasoning`` (vLLM 0.34)."""
+        message = data["choices"][0].get("message") or {}
+        for key in ("reasoning_content", "reasoning"):
+            text = message.get(key)
+            if isinstance(text, str) and text:
+                return len(text)
+        return 0
 
 
 def parse_logprobs(choice: Dict[str, Any]) -> Optional[List[Tuple[str, Optional[float], Optional[float]]]]:

@@ -6,7 +6,7 @@ The hit counter is ``timings.cache_n`` (the same value as ``usage.prompt_tokens_
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import RequestError
 from .base import ChatClient, Reply, int_or_none, parse_logprobs
@@ -42,7 +42,15 @@ class LlamaCppClient(ChatClient):
         completion = int_or_none(usage.get("completion_tokens"))
         if prompt is None or completion is None:
             raise RequestError(f"{where}: usage lacks prompt_tokens or completion_tokens", where=where)
-        return Reply(content, finish, prompt, completion, cached, parse_logprobs(data["choices"][0]))
+        return Reply(content, finish, prompt, completion, cached, parse_logprobs(data["choices"][0]),
+                     self.reasoning_chars(data))
+
+    def render(self, messages: List[Dict[str, str]]) -> Optional[Sequence[Any]]:
+        # POST /apply-template: the chat template's text, exactly as a chat request would be prompted
+        status, data = self.http.request("POST", "/apply-template", {"messages": messages})
+        if status != 200 or not isinstance(data, dict) or not isinstance(data.get("prompt"), str):
+            return None
+        return data["prompt"]
 
     def token_pieces(self, text: str) -> Optional[List[str]]:
         try:

@@ -8,10 +8,18 @@ unknown, never 0, except on SGLang with reporting on (its ``/server_info`` says 
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+import uuid
+from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import RequestError
 from .base import ChatClient, Reply, int_or_none, parse_logprobs
+
+
+def new_salt() -> str:
+    """A ``cache_salt`` no other request has used. vLLM 0.34 takes a non-empty string of at most 128
+    characters without '@', '/', '\\' or NUL; SGLang reads an empty one as no salt."""
+    return "cachecheck-" + uuid.uuid4().hex
+
 
 class OpenAICompatClient(ChatClient):
     kind = "openai"
@@ -45,7 +53,19 @@ class OpenAICompatClient(ChatClient):
         completion = int_or_none(usage.get("completion_tokens"))
         if prompt is None or completion is None:
             raise RequestError(f"{where}: usage lacks prompt_tokens or completion_tokens", where=where)
-        return Reply(content, finish, prompt, completion, cached, parse_logprobs(data["choices"][0]))
+        return Reply(content, finish, prompt, completion, cached, parse_logprobs(data["choices"][0]),
+                     self.reasoning_chars(data))
+
+    def render(self, messages: List[Dict[str, str]]) -> Optional[Sequence[Any]]:
+        # vLLM and SGLang tokenize chat messages with the template a chat request uses (POST /tokenize;
+        # the generation prompt is added by default); other servers have no such endpoint
+        if self.info.kind not in ("vllm", "sglang"):
+            return None
+        status, data = self.http.request("POST", "/tokenize", {"model": self.info.model, "messages": messages})
+        tokens = data.get("tokens") if status == 200 and isinstance(data, dict) else None
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            return None
+        return tokens
 
     def token_pieces(self, text: str) -> Optional[List[str]]:
         return None
