@@ -575,8 +575,10 @@ class Reporter:
             data["checks"] = self.checks
         self.data = data
         for path, write in ((settings.report, lambda p: write_json_atomic(p, data, self.state.redactor.scrub)),
-                            (settings.html, lambda p: write_html(p, data, comparison,
-                                                                 scrub=self.state.redactor.scrub))):
+                            (settings.html, lambda p: write_html(
+                                p, data, comparison, scrub=self.state.redactor.scrub,
+                                comparisons={str(t.name): t.comparison for t in self.results
+                                             if t.name is not None and t.comparison is not None}))):
             if path:
                 try:
                     write(path)

@@ -1,5 +1,6 @@
-"""The HTML page: escaping, the divergence highlight, no credential leak, atomic writing, and a real
-render in headless Chromium (skipped without chromium, except under CI where it must run)."""
+"""The HTML page: escaping, the divergence highlight, no credential leak, atomic writing, setup warnings,
+the target-matrix page, and a real render in headless Chromium (skipped without chromium, except under
+CI where it must run)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from pytest_cachecheck.baseline import compare
 from pytest_cachecheck.htmlreport import render_html, write_html
 from pytest_cachecheck.protocol import excerpt, first_difference
 from pytest_cachecheck.redact import Redactor
-from pytest_cachecheck.report import Verdict, build_report
+from pytest_cachecheck.report import Verdict, build_matrix_report, build_report
 
 SCRIPT = "<script>alert('x')</script>"
 
@@ -190,6 +191,213 @@ def test_sparse_report_renders() -> None:
     assert "no probe ran" in render_html({})
 
 
+def test_single_report_shows_setup_warnings_and_checks() -> None:
+    report = sample()
+    assert 'id="setup-warnings"' not in render_html(report)  # none: no box
+    report["setup_warnings"] = [f"the chat template drops reasoning {SCRIPT}", "second warning"]
+    report["setup_checks"] = ["chat template: kept", f"host cache {SCRIPT}"]
+    page = render_html(report)
+    run = page[page.index("<h2>Run</h2>"):page.index('<h2 id="probes">')]
+    assert 'id="setup-warnings"' in run and "setup warnings (2)" in run
+    escaped = "the chat template drops reasoning &lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"
+    assert f"<li>{escaped}</li>" in run
+    assert "<li>second warning</li>" in run
+    assert "<th>setup checks</th>" in run and "<li>chat template: kept</li>" in run
+    assert "<script" not in page.lower()
+    assert "targets" not in run and 'id="targets"' not in page  # still a one-server page
+
+
+# --------------------------------------------------------------------------- target matrix
+
+def target_report(name: str, url: str, records: List[Dict[str, Any]], verdict: Verdict,
+                  warnings: Optional[List[str]] = None, kind: str = "vllm") -> Dict[str, Any]:
+    """One target's report, as the plugin's _TargetResult.report builds it."""
+    report = make_report(records, url=url)
+    report["summary"]["status"], report["summary"]["why"] = verdict.status, verdict.why
+    report["server"]["kind"] = kind
+    report["setup_warnings"] = list(warnings or [])
+    report["setup_checks"] = [f"chat template checked on {name}"]
+    return {"name": name, "url": url, **report}
+
+
+def matrix(url_b: str = "http://gpu-b:8000/v1", warnings_b: Optional[List[str]] = None) -> Dict[str, Any]:
+    """Target a: every probe the same; target b: alpha-probe differs. Probe ids repeat across targets."""
+    a = target_report("a", "http://gpu-a:8000/v1",
+                      [rec("alpha-probe", "same"), rec("beta-probe", "same")],
+                      Verdict("passed", True, "no valid probe differed"))
+    b = target_report("b", url_b,
+                      [rec("alpha-probe", "different", cache="Hello world, the answer is 42.",
+                           recompute="Hello world, the answer is 41."), rec("beta-probe", "same")],
+                      Verdict("diverged", False, "1 valid probe(s) gave a different turn-2 answer"),
+                      warnings=warnings_b, kind="sglang")
+    b["vs_reference"] = compare(a, b, b["probes"]).to_dict()  # as the plugin does
+    return build_matrix_report([a, b], Verdict("diverged", False, "b: 1 valid probe(s) gave a different "
+                                                                  "turn-2 answer"), 1)
+
+
+def element_ids(page: str) -> List[str]:
+    return re.findall(r'\sid="([^"]*)"', page)
+
+
+def probe_anchors(page: str) -> Dict[str, str]:
+    """The label of each probe section (``<id>@<target>`` in a matrix) -> its anchor."""
+    found = re.findall(r'<section class="probe [^"]*" id="([^"]+)"><div class="probe-head"><h3>([^<]*)</h3>',
+                       page)
+    assert len(found) == len({label for _, label in found})
+    return {label: anchor for anchor, label in found}
+
+
+def test_matrix_anchors_are_unique_and_resolve() -> None:
+    page = render_html(matrix())
+    ids = element_ids(page)
+    assert len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    links = set(re.findall(r'href="#([^"]*)"', page))
+    assert links and links <= set(ids)
+    # the same probe id on both targets: two sections, labelled <id>@<target>, each its own anchor
+    by_label = probe_anchors(page)
+    assert sorted(by_label) == ["alpha-probe@a", "alpha-probe@b", "beta-probe@a", "beta-probe@b"]
+    assert len(set(by_label.values())) == 4
+    # the index: one row per probe id, one linked outcome per target
+    assert (f'<tr><td>alpha-probe</td><td><a href="#{by_label["alpha-probe@a"]}" title="alpha-probe@a">'
+            f'<span class="badge b-same">same</span></a></td><td><a href="#{by_label["alpha-probe@b"]}" '
+            f'title="alpha-probe@b"><span class="badge b-different">different</span></a></td></tr>') in page
+    # probes grouped by target, in target order
+    assert page.index('<h2 id="probes-0">Probes on a (2)</h2>') < page.index("<h3>alpha-probe@a</h3>") \
+        < page.index('<h2 id="probes-1">Probes on b (2)</h2>') < page.index("<h3>alpha-probe@b</h3>")
+    assert "<pre>Hello world, the answer is 4<mark>2.</mark></pre>" in page
+
+
+def test_matrix_targets_table_shows_both_rates() -> None:
+    page = render_html(matrix())
+    table = page[page.index('id="targets-table"'):]
+    table = table[:table.index("</table>")]
+    row_a = table[table.index('id="targets-row-0"'):table.index('id="targets-row-1"')]
+    row_b = table[table.index('id="targets-row-1"'):]
+    assert '<a href="#target-0">a</a>' in row_a and "vllm 0.34.0 | model emu/tiny-chat" in row_a
+    assert "one-server" in row_a and "b-passed" in row_a
+    assert '<td class="num">0.0%</td>' in row_a and "0.0% to 65.8%" in row_a and "(reference)" in row_a
+    assert '<a href="#target-1">a</a>' not in row_b and '<a href="#target-1">b</a>' in row_b
+    assert "sglang 0.34.0" in row_b and "b-diverged" in row_b
+    assert '<td class="num">50.0%</td>' in row_b and "9.5% to 90.5%" in row_b
+    assert "1 diverged only here, 0 only on a; McNemar p = 1.000" in row_b
+    assert "<th>vs a</th>" in table
+    # the combined summary has no rate of its own: it points at the table
+    assert "divergence rate: per target" in page and 'href="#targets"' in page
+    assert 'id="count-probes"><b class="num">4</b>' in page
+
+
+def test_matrix_vs_reference_section() -> None:
+    page = render_html(matrix())
+    assert 'id="vs-reference-0"' not in page  # the reference is not compared with itself
+    section = page[page.index('id="target-1"'):]
+    section = section[:section.index("</section>")]
+    vs = section[section.index('id="vs-reference-1"'):]
+    assert "b vs a (the first target)" in vs
+    assert '<span class="badge b-regressed">regressed</span>' in vs and "exact McNemar p = 1.000" in vs
+    assert "divergence rate: a 0.0% (0/2, 95% CI 0.0% to 65.8%) &rarr; b 50.0% (1/2" in vs
+    assert '<table class="grid" id="vs-reference-1-rows"><tr><th>id</th><th>a</th><th>b</th>' in vs
+    anchor = probe_anchors(page)
+    # the id links to b's probe, the reference outcome to a's
+    assert (f'<tr><td><a href="#{anchor["alpha-probe@b"]}">alpha-probe</a></td>'
+            f'<td><a href="#{anchor["alpha-probe@a"]}">same</a></td><td>different</td>'
+            '<td><span class="badge b-newly-diverged">newly diverged</span></td></tr>') in vs
+    assert "baseline written" not in vs  # the reference is part of this run
+
+
+def test_matrix_setup_warnings_are_escaped_per_target() -> None:
+    page = render_html(matrix(warnings_b=[f"template drops reasoning {SCRIPT}"]))
+    assert "<script" not in page.lower()
+    escaped = "template drops reasoning &lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"
+    run = page[page.index("<h2>Run</h2>"):page.index('id="targets"')]
+    assert f"<li>b: {escaped}</li>" in run  # the combined list names the target
+    b = page[page.index('id="target-1"'):]
+    b = b[:b.index("</section>")]
+    assert 'id="setup-warnings-1"' in b and f"<li>{escaped}</li>" in b
+    a = page[page.index('id="target-0"'):page.index('id="target-1"')]
+    assert "setup-warnings" not in a and "<li>chat template checked on a</li>" in a
+
+
+def test_matrix_target_urls_are_scrubbed(tmp_path: Path) -> None:
+    report = matrix(url_b="http://alice:hunter22@gpu-b:8000/v1?api_key=sk-query-secret")
+    page = render_html(report)
+    assert "alice" not in page and "hunter22" not in page and "sk-query-secret" not in page
+    assert "http://gpu-b:8000/v1?api_key=***" in page and "http://gpu-a:8000/v1" in page
+    # through write_html with the plugin's redactor: every secret it knows of goes, everywhere
+    red = Redactor(["sk-api-key-123"])
+    red.add_url("http://alice:hunter22@gpu-b:8000/v1?api_key=sk-query-secret")
+    report["targets"][1]["setup_warnings"] = ["the server echoed sk-api-key-123 and hunter22"]
+    report["probes"][0]["reason"] = "saw http://bob:pw-in-text@elsewhere:1/ and sk-query-secret"
+    path = tmp_path / "m.html"
+    write_html(str(path), report, scrub=red.scrub)
+    text = path.read_text(encoding="utf-8")
+    for secret in ("alice", "hunter22", "sk-query-secret", "sk-api-key-123", "pw-in-text"):
+        assert secret not in text, secret
+    assert "the server echoed *** and ***" in text
+
+
+def test_matrix_baseline_comparisons_per_target(tmp_path: Path) -> None:
+    report = matrix()
+    old_b = make_report([rec("alpha-probe", "same"), rec("beta-probe", "same")])
+    cmp_b = compare(old_b, report["targets"][1], [p for p in report["probes"] if p["target"] == "b"])
+    page = render_html(report, comparisons={"b": cmp_b})  # a Comparison object
+    assert 'id="baseline-0"' not in page and 'id="baseline"' not in page
+    b = page[page.index('id="target-1"'):]
+    b = b[:b.index("</section>")]
+    assert "Baseline comparison of b" in b and 'id="baseline-1-rows"' in b
+    assert b.index('id="baseline-1"') < b.index('id="vs-reference-1"')
+    assert "<th>before</th><th>after</th>" in b and "newly diverged" in b
+    anchor = probe_anchors(page)
+    assert f'<a href="#{anchor["alpha-probe@b"]}">alpha-probe</a></td><td>same</td><td>different</td>' in b
+    assert render_html(report, comparisons={"b": cmp_b.to_dict()}) == page
+    ids = element_ids(page)
+    assert len(ids) == len(set(ids))
+    # a report that carries its targets' baseline comparisons (as the plugin writes it) shows them alone
+    report["targets"][0]["baseline"] = compare(old_b, report["targets"][0],
+                                               [p for p in report["probes"] if p["target"] == "a"]).to_dict()
+    assert 'id="baseline-0"' in render_html(report) and 'id="baseline-1"' not in render_html(report)
+    # write_html scrubs the comparisons as well
+    red = Redactor(["alpha-probe"])
+    path = tmp_path / "m.html"
+    write_html(str(path), report, scrub=red.scrub, comparisons={"b": cmp_b})
+    text = path.read_text(encoding="utf-8")
+    assert "alpha-probe" not in text and 'id="baseline-1"' in text
+
+
+def test_sparse_matrix_report_renders() -> None:
+    page = render_html({"targets": [{"name": "x"}, "junk", {}],
+                        "probes": [{"id": "p", "target": "x", "outcome": "same"},
+                                   {"id": "p", "target": "ghost", "outcome": "weird"}, {"id": "q"}]})
+    assert "<h3>p@x</h3>" in page and "<h3>p@ghost</h3>" in page and "unknown target ghost" in page
+    ids = element_ids(page)
+    assert len(ids) == len(set(ids))
+    assert set(re.findall(r'href="#([^"]*)"', page)) <= set(ids)
+    assert "no probe ran" in render_html({"targets": [{"name": "x"}]})
+
+
+def test_matrix_page_through_the_plugin(pytester: pytest.Pytester, emulator: Any) -> None:
+    """A real matrix run with a matrix baseline: per-target baseline comparisons reach the page."""
+    clean, flips = emulator(), emulator(diverge_on_hit={"bicycle"})
+    targets = [f"--cachecheck-target=a={clean.url}",
+               f"--cachecheck-target=b={clean.url.replace('://', '://carol:pa55word@')}/?key=qsecret"]
+    args = ["--cachecheck-n=3", "-p", "no:cacheprovider"]
+    first = pytester.runpytest(*targets, *args, "--cachecheck-report=base.json")
+    assert first.ret == 0, first.stdout.str()
+    targets[1] = f"--cachecheck-target=b={flips.url.replace('://', '://carol:pa55word@')}/?key=qsecret"
+    run = pytester.runpytest(*targets, *args, "--cachecheck-baseline=base.json", "--cachecheck-html=m.html")
+    run.assert_outcomes(passed=5, failed=1)
+    page = (pytester.path / "m.html").read_text(encoding="utf-8")
+    assert "carol" not in page and "pa55word" not in page and "qsecret" not in page
+    ids = element_ids(page)
+    assert len(ids) == len(set(ids))
+    assert set(re.findall(r'href="#([^"]*)"', page)) <= set(ids)
+    for pid in ("tea-steeping", "bike-chain", "bread-rising"):
+        assert f"<h3>{pid}@a</h3>" in page and f"<h3>{pid}@b</h3>" in page
+    assert 'id="baseline-0"' in page and 'id="baseline-1"' in page and 'id="vs-reference-1"' in page
+    b = page[page.index('id="target-1"'):]
+    b = b[:b.index("</section>")]
+    assert "newly diverged" in b and "1 diverged only here, 0 only on a" in page
+
+
 # --------------------------------------------------------------------------- headless Chromium
 
 def _chromium() -> str:
@@ -252,6 +460,25 @@ def test_real_render_in_headless_chromium(tmp_path: Path) -> None:
         shutil.copyfile(png, keep)
         (Path(keep).with_suffix(".dom.html")).write_text(html, encoding="utf-8")
     json.dumps(report)  # the report stays JSON-able after rendering
+
+
+def test_real_render_of_a_matrix_in_headless_chromium(tmp_path: Path) -> None:
+    exe = _chromium()
+    report = matrix(url_b="http://alice:hunter22@gpu-b:8000/v1", warnings_b=[f"warned {SCRIPT}"])
+    page = tmp_path / "matrix.html"
+    write_html(str(page), report)
+    dom = subprocess.run(_chromium_cmd(exe, tmp_path) + ["--dump-dom", page.resolve().as_uri()], check=False,
+                         capture_output=True, text=True, timeout=180, env=_env(tmp_path))
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    html = dom.stdout
+    for label in ("alpha-probe@a", "alpha-probe@b", "beta-probe@a", "beta-probe@b"):
+        assert f"<h3>{label}</h3>" in html
+    assert 'id="targets-table"' in html and "50.0%" in html and "9.5% to 90.5%" in html
+    assert 'id="vs-reference-1"' in html and "1 diverged only here, 0 only on a" in html
+    assert "warned &lt;script&gt;" in html and "<script" not in html.lower()
+    assert "hunter22" not in html and "alice" not in html
+    ids = element_ids(html)
+    assert len(ids) == len(set(ids))
 
 
 def test_missing_chromium_skips_outside_ci(monkeypatch: pytest.MonkeyPatch) -> None:
