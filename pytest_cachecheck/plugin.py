@@ -564,8 +564,9 @@ class Reporter:
         if matrix:
             reports = [t.report(None) for t in self.results]
             for t, data_t in zip(self.results[1:], reports[1:]):
-                # each target against the first, probe by probe, as against a baseline
-                data_t["vs_reference"] = compare(reports[0], t.run, t.records).to_dict()
+                # each target against the first, probe by probe, as against a baseline (where both ran)
+                if t.records and self.results[0].records:
+                    data_t["vs_reference"] = compare(reports[0], t.run, t.records).to_dict()
             data = build_matrix_report(reports, self.verdict, exit_status)
             comparison = None
         else:
@@ -598,7 +599,7 @@ class Reporter:
             tr.write_line(f"{label}cause: " + cause, yellow=True)
         for warning in t.run.get("setup_warnings") or []:
             tr.write_line(f"{label}setup warning: " + scrub(warning), yellow=True)
-        if t.comparison is not None:
+        if t.comparison is not None and (t.records or t.name is None):
             tr.write_sep("-", f"cachecheck baseline comparison ({self.state.settings.baseline})"
                          + (f", target {t.name}" if t.name is not None else ""))
             for line in t.comparison.lines(verbose=self.config.option.verbose > 0):
@@ -636,6 +637,9 @@ class Reporter:
             tr.write_sep("-", "cachecheck result (to share: no URL, key or conversation text)")
             for t in self.results:
                 prefix = f"[{t.name}] " if matrix else ""
+                if matrix and not t.tally.probes:
+                    tr.write_line(prefix + "no probe ran")
+                    continue
                 for line in result_block(t.tally, t.run):
                     tr.write_line(prefix + scrub(line))
         for error in self.report_errors:

@@ -263,7 +263,11 @@ def matrix_lines(targets: Sequence[Mapping[str, Any]]) -> List[str]:
         ci = s.get("rate_ci95")
         vs = "(reference)"
         cmp = t.get("vs_reference")
-        if i and isinstance(cmp, Mapping):
+        if not s["probes"]:
+            vs = "not run (no probe of this target was selected)"
+        elif i and not targets[0]["summary"]["probes"]:
+            vs = f"n/a ({targets[0]['name']} ran no probe)"
+        elif i and isinstance(cmp, Mapping):
             vs = (f"{cmp.get('newly_diverged_count', 0)} diverged only here, {cmp.get('healed_count', 0)} only on "
                   f"{targets[0]['name']}; McNemar p = {format_p(cmp.get('mcnemar_p'))}")
         rows.append((

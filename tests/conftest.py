@@ -6,6 +6,10 @@ import os
 from typing import Any, Callable, Iterator, List
 
 import pytest
+import requests  # noqa: F401 - imported before any in-process pytester run, see below
+
+# pytester's in-process runs drop the modules a run imported; the plugin imports requests only when it
+# is enabled, so without this a second run in one process would mix two copies of http.cookiejar
 
 from pytest_cachecheck.llama_server import cache_dir
 from tests.support.emulator import Emulator, EmulatorConfig

@@ -523,3 +523,148 @@ def test_replicas_need_a_server_per_worker(pytester, emulator):
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*-n 3 workers but 2 --cachecheck-url servers*"])
     assert not a.requests_log and not b.requests_log
+
+
+# -- setup checks that ask the server to do something (checks.py) -----------------------------------------
+def test_sglang_generating_health_is_warned(pytester, emulator):
+    generating = emulator(flavor="sglang", block_size=1)
+    report = pytester.path / "r.json"
+    result = pytester.runpytest(f"--cachecheck-url={generating.url}", *SMALL, f"--cachecheck-report={report}")
+    result.assert_outcomes(passed=3)  # a warning, not a stop: the probes themselves never call /health
+    result.stdout.fnmatch_lines(["cachecheck: warning: SGLang's /health at * runs a generation*"
+                                 "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false*",
+                                 "setup warning: SGLang's /health*runs a generation*"])
+    assert any("runs a generation" in w for w in json.loads(report.read_text())["setup_warnings"])
+    quiet = emulator(flavor="sglang", block_size=1, health_generates=False)
+    result = pytester.runpytest(f"--cachecheck-url={quiet.url}", *SMALL, f"--cachecheck-report={report}")
+    result.assert_outcomes(passed=3)
+    assert "runs a generation" not in result.stdout.str()
+    assert json.loads(report.read_text())["setup_warnings"] == []
+    assert quiet.health_generations == 0
+
+
+@pytest.mark.parametrize("flavor", ["vllm", "sglang"])
+def test_template_dropping_past_reasoning(pytester, emulator, flavor):
+    # the template alone (thinking off): a warning, and the probes measure as usual
+    template_only = emulator(flavor=flavor, block_size=1, chat_template="drop-reasoning", health_generates=False)
+    result = pytester.runpytest(f"--cachecheck-url={template_only.url}", *SMALL)
+    result.assert_outcomes(passed=3)
+    result.stdout.fnmatch_lines(["cachecheck: warning: the chat template drops earlier turns' reasoning*"])
+    # a model that reasons behind that template: every probe inconclusive, and the skip says why
+    thinking = emulator(flavor=flavor, block_size=1, chat_template="drop-reasoning", reasoning=True,
+                        health_generates=False)
+    result = pytester.runpytest(f"--cachecheck-url={thinking.url}", *SMALL, "-rs")
+    result.assert_outcomes(skipped=3)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*inconclusive: cache run 1: turn-2 cache hit was * tokens, expected at least*"
+                                 "characters of reasoning*turn thinking off for this check*"])
+    result.stdout.fnmatch_lines(["cachecheck verdict: FAIL (too-few-valid)*"])
+
+
+def test_template_that_breaks_the_turn2_prefix_is_caught(pytester, emulator):
+    emu = emulator(chat_template="empty-think-prompt")
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
+    result.assert_outcomes(errors=3)
+    result.stdout.fnmatch_lines(["*server not usable: the server setup would spoil the measurement: the chat "
+                                 "template does not re-render the history as it was generated*--chat-template*"])
+    assert chat_count(emu) == SETUP  # found before the first probe: no probe request was sent
+
+
+# -- target matrix ----------------------------------------------------------------------------------------
+def test_target_matrix_side_by_side(pytester, emulator):
+    f16 = emulator()
+    q4 = emulator(diverge_on_hit={"bicycle", "bread"})
+    report = pytester.path / "m.json"
+    result = pytester.runpytest(f"--cachecheck-target=f16={f16.url}", f"--cachecheck-target=q4={q4.url}",
+                                "--cachecheck-n=4", f"--cachecheck-report={report}", "-v", "-p",
+                                "no:cacheprovider")
+    result.assert_outcomes(passed=6, failed=2)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines([
+        f"cachecheck: target matrix of 2: every probe runs on f16 ({f16.url}), q4 ({q4.url})",
+        "cachecheck: target f16: mode one-server (auto-detected) | server vllm 0.34.0*",
+        "cachecheck: target q4: mode one-server (auto-detected) | server vllm 0.34.0*",
+        "*cachecheck::probe[[]tea-steeping@f16[]] PASSED*",
+        "*cachecheck::probe[[]bike-chain@q4[]] FAILED*",
+        "target  server * valid  same  diff  inconcl  errors  rate * 95% interval * vs f16",
+        "f16 * 4 * 4 * 0 * 0 * 0 * 0.0% * 0.0% to 49.0% * (reference)",
+        "q4 * 4 * 2 * 2 * 0 * 0 * 50.0% * 15.0% to 85.0% * 2 diverged only here, 0 only on f16; McNemar p = 0.500",
+        "cachecheck verdict: FAIL (diverged): q4: 2 valid probe(s) gave a different turn-2 answer",
+        "[[]f16[]] probes 4 | valid 4 | same 4 | different 0 | inconclusive 0 | errors 0",
+        "[[]q4[]] probes 4 | valid 4 | same 2 | different 2 | inconclusive 0 | errors 0",
+    ])
+    # every probe ran on each target's own server, and only there
+    assert chat_count(f16) == SETUP + 24 and chat_count(q4) == SETUP + 24
+    data = json.loads(report.read_text())
+    assert [t["name"] for t in data["targets"]] == ["f16", "q4"]
+    assert [t["url"] for t in data["targets"]] == [f16.url, q4.url]
+    assert data["targets"][0]["summary"]["rate"] == 0.0 and data["targets"][1]["summary"]["rate"] == 0.5
+    assert data["targets"][1]["summary"]["rate_ci95"] == pytest.approx([0.150, 0.850], abs=0.001)
+    assert "vs_reference" not in data["targets"][0]
+    vs = data["targets"][1]["vs_reference"]
+    assert vs["newly_diverged_count"] == 2 and vs["healed_count"] == 0
+    assert {r["id"] for r in vs["rows"] if r["status"] == "newly diverged"} == {"bike-chain", "bread-rising"}
+    assert data["summary"]["probes"] == 8 and data["summary"]["different"] == 2 and data["summary"]["rate"] is None
+    assert sorted((p["target"], p["id"], p["outcome"]) for p in data["probes"] if p["outcome"] != "same") == [
+        ("q4", "bike-chain", "different"), ("q4", "bread-rising", "different")]
+    assert {p["server_url"] for p in data["probes"] if p["target"] == "q4"} == {q4.url}
+
+
+def test_target_matrix_selection_ini_and_check_fixture(pytester, emulator):
+    f16, q4 = emulator(), emulator(diverge_on_hit={"lighthouse"})
+    pytester.makeini(f"[pytest]\ncachecheck_target =\n    f16={f16.url}\n    q4={q4.url}\ncachecheck_n = 3\n")
+    pytester.makepyfile(textwrap.dedent("""
+        import pytest
+
+        def test_each_target(cachecheck):
+            assert cachecheck.targets == ["f16", "q4"]
+            on_f16 = cachecheck.check(turn1="Describe a lighthouse in three sentences.", turn2="Shorter.")
+            on_q4 = cachecheck.check(turn1="Describe a lighthouse in three sentences.", turn2="Shorter.",
+                                     target="q4")
+            assert on_f16.same and on_q4.different
+            with pytest.raises(ValueError, match="the targets are f16, q4"):
+                cachecheck.check(turn1="x", turn2="y", target="bf16")
+    """))
+    # -k with a target's name selects that target's probe items (their ids end in @<target>)
+    only_q4 = pytester.runpytest("-p", "no:cacheprovider", "-k", "q4 and cachecheck")
+    only_q4.assert_outcomes(passed=3, deselected=4)
+    only_q4.stdout.fnmatch_lines(["f16 * 0 * 0 * 0 * 0 * 0 * n/a * n/a * not run (no probe of this target was "
+                                  "selected)", "[[]f16[]] no probe ran"])
+    assert chat_count(f16) == SETUP  # the header's setup check only; no probe went to f16
+    before = chat_count(f16), chat_count(q4)
+    own = pytester.runpytest("-p", "no:cacheprovider", "-m", "not cachecheck")
+    own.assert_outcomes(passed=1)
+    assert chat_count(f16) - before[0] == SETUP + 6 and chat_count(q4) - before[1] == SETUP + 6
+
+
+def test_target_matrix_under_xdist_gives_each_target_one_worker(pytester, emulator):
+    a, b = emulator(), emulator(diverge_on_hit={"bicycle"})
+    args = [f"--cachecheck-target=a={a.url}", f"--cachecheck-target=b={b.url}", "--cachecheck-n=4"]
+    single = pytester.runpytest_subprocess(*args, "--cachecheck-report=one.json")
+    pair = pytester.runpytest_subprocess(*args, "-n", "2", "--cachecheck-report=two.json")
+    single.assert_outcomes(passed=7, failed=1)
+    pair.assert_outcomes(passed=7, failed=1)
+    one, two = (json.loads((pytester.path / f).read_text()) for f in ("one.json", "two.json"))
+    assert {(p["target"], p["id"]): p["outcome"] for p in one["probes"]} == \
+           {(p["target"], p["id"]): p["outcome"] for p in two["probes"]}
+    owner = {}
+    for p in two["probes"]:  # a target's probes stay in one worker, one at a time on its server
+        assert owner.setdefault(p["target"], p["worker"]) == p["worker"]
+    assert two["targets"][1]["summary"]["different"] == 1
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--cachecheck-target=f16"], "'f16' is not allowed; expected NAME=URL"),
+    (["--cachecheck-target=bad@name=URL"], "expected NAME=URL, where NAME is 1-40 letters"),
+    (["--cachecheck-target=a=URL", "--cachecheck-target=a=http://127.0.0.1:2"], "'a' is given twice"),
+    (["--cachecheck-target=a=URL", "--cachecheck-target=b=URL"], "this URL is given twice"),
+    (["--cachecheck-target=a=ftp://x"], "NAME=URL with an http:// or https:// URL"),
+    (["--cachecheck-target=a=URL", "--cachecheck-url=URL"], "it conflicts with --cachecheck-url"),
+    (["--cachecheck-target=a=URL", "--cachecheck-nocache-url=http://127.0.0.1:2"], "two-servers mode"),
+])
+def test_target_matrix_usage_errors(pytester, emulator, args, words):
+    emu = emulator()
+    result = pytester.runpytest(*[a.replace("=URL", "=" + emu.url) for a in args])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([f"*{words}*"])
+    assert chat_count(emu) == 0

@@ -231,12 +231,16 @@ class ChatClient:
         if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
             raise RequestError(f"{where}: the response has no choices", where=where)
         message = choices[0].get("message")
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+        content = message.get("content") if isinstance(message, dict) else None
+        if content is None and isinstance(message, dict) and any(
+                isinstance(message.get(k), str) and message[k] for k in ("reasoning_content", "reasoning")):
+            content = ""  # a reasoning model that spent every token thinking: an empty answer, not a fault
+        if not isinstance(content, str):
             raise RequestError(f"{where}: the response has no message content", where=where)
         usage = data.get("usage")
         if not isinstance(usage, dict):
             raise RequestError(f"{where}: the response has no usage counts", where=where)
-        return message["content"], choices[0].get("finish_reason"), usage
+        return content, choices[0].get("finish_reason"), usage
 
     @staticmethod
     def reasoning_chars(data: Dict[str, Any]) -> int:
