@@ -147,8 +147,9 @@ def pytest_configure(config: pytest.Config) -> None:
 
         try:
             loaded = load_baseline(settings.baseline)
-            for name in [n for n, _ in settings.targets] or [None]:
-                baselines[name] = baseline_for(loaded, name, settings.baseline)
+            names: List[Optional[str]] = [n for n, _ in settings.targets] or [None]
+            for target_name in names:
+                baselines[target_name] = baseline_for(loaded, target_name, settings.baseline)
         except BaselineError as exc:
             raise pytest.UsageError(f"cachecheck: --cachecheck-baseline: {exc}") from None
     served = None
@@ -296,7 +297,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     module = _ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid="cachecheck",
                                       name="cachecheck")
-    new = [i for i in module.collect() if isinstance(i, pytest.Item)]
+    new: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
     servers = len(config.stash[STATE].settings.replicas) or 1  # type: ignore[union-attr]
     for k, item in enumerate(new):
         # one group per server: a worker runs its groups one probe at a time, each on its own server
@@ -306,7 +307,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         else:
             group = XDIST_GROUP if servers == 1 else f"{XDIST_GROUP}-{k % servers}"
         item.add_marker(pytest.mark.xdist_group(group))
-    config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None, new))
+    config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None, list(new)))
     items.extend(new)
 
 

@@ -278,7 +278,7 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
                               "CACHECHECK_URL): give the first server as a target too")
         urls = [targets[0][1]]
     url = urls[0] if urls else None
-    if url is None:
+    if url is None or not urls:
         for name in ("nocache_url",):
             if raw.get(name):
                 raise ConfigError(f"{SPECS[name].flag}: needs --cachecheck-url (ini cachecheck_url, "

@@ -422,3 +422,72 @@ def test_real_runs_against_the_emulation(emulator: Callable[..., Emulator], tmp_
     assert c.newly_diverged() == ["bread-rising"] and c.still_different() == {"bike-chain"}
     assert c.env_warnings == []  # same emulated server, same settings (the URL is not part of it)
     assert should_fail(c, "new-divergence")[0] and should_fail(c, "rate-increase")[0]
+
+
+# --------------------------------------------------------------------------- target matrices
+
+def matrix_report() -> Dict[str, Any]:
+    from pytest_cachecheck.report import build_matrix_report
+
+    a = {"name": "f16", "url": "http://a:1", **build_report(run_info(), [rec("p1", "same"), rec("p2", "same")],
+                                                            ["p1", "p2"], Verdict("passed", True, "ok"), None)}
+    b = {"name": "q4", "url": "http://b:1", **build_report(run_info(), [rec("p1", "different"), rec("p2", "same")],
+                                                           ["p1", "p2"], Verdict("diverged", False, "1"), None)}
+    return build_matrix_report([a, b], Verdict("diverged", False, "q4: 1"), 1)
+
+
+def test_baseline_for_picks_the_target_of_a_matrix_report() -> None:
+    from pytest_cachecheck.baseline import baseline_for
+
+    data = matrix_report()
+    q4 = baseline_for(data, "q4", "m.json")
+    assert [(p["id"], p["outcome"]) for p in q4["probes"]] == [("p1", "different"), ("p2", "same")]
+    assert q4["summary"]["different"] == 1 and q4["schema_version"] == 1
+    with pytest.raises(BaselineError, match="m.json: the baseline's targets are f16, q4; it has no target 'bf16'"):
+        baseline_for(data, "bf16", "m.json")
+    with pytest.raises(BaselineError, match="m.json: a target-matrix report"):
+        baseline_for(data, None, "m.json")
+    one = build_report(run_info(), [rec("p1", "same")], ["p1"], Verdict("passed", True, "ok"), None)
+    assert baseline_for(one, "q4") == one  # a one-server report serves every target
+    assert compare(q4, run_info(), [rec("p1", "different"), rec("p2", "different")]).verdict == "regressed"
+
+
+def test_matrix_report_sums_counts_and_keeps_rates_per_target() -> None:
+    data = matrix_report()
+    assert data["summary"]["probes"] == 4 and data["summary"]["different"] == 1
+    assert data["summary"]["rate"] is None and data["summary"]["rate_ci95"] is None
+    assert [t["summary"]["rate"] for t in data["targets"]] == [0.0, 0.5]
+    assert [p["target"] for p in data["probes"]] == ["f16", "f16", "q4", "q4"]
+    assert all("probes" not in t and "schema_version" not in t for t in data["targets"])
+
+
+def test_combine_verdicts() -> None:
+    from pytest_cachecheck.report import combine_verdicts
+
+    ok, bad = Verdict("passed", True, "fine"), Verdict("diverged", False, "2 differed")
+    assert combine_verdicts([("a", ok), ("b", ok)]) == Verdict("passed", True, "a: fine; b: fine")
+    assert combine_verdicts([("a", ok), ("b", bad), ("c", Verdict("errors", False, "1 error"))]) == \
+        Verdict("diverged", False, "b: 2 differed; c: 1 error")
+    none = Verdict("no-probes", True, "no probe ran")
+    assert combine_verdicts([("a", none), ("b", none)]).status == "no-probes"
+    assert combine_verdicts([("a", none), ("b", ok)]) == Verdict("passed", True, "b: fine")
+
+
+def test_matrix_lines_pair_each_target_with_the_first() -> None:
+    from pytest_cachecheck.report import matrix_lines
+
+    data = matrix_report()
+    data["targets"][1]["vs_reference"] = compare(baseline_for_first(data), run_info(),
+                                                 [p for p in data["probes"] if p["target"] == "q4"]).to_dict()
+    lines = matrix_lines(data["targets"])
+    assert lines[0].split()[:3] == ["target", "server", "valid"] and lines[0].endswith("vs f16")
+    assert lines[1].split()[0] == "f16" and lines[1].endswith("(reference)")
+    assert "50.0%" in lines[2] and "1 diverged only here, 0 only on f16; McNemar p = 1.000" in lines[2]
+    data["targets"][0]["summary"]["probes"] = 0  # the reference ran nothing (deselected)
+    assert matrix_lines(data["targets"])[2].endswith("n/a (f16 ran no probe)")
+
+
+def baseline_for_first(data: Dict[str, Any]) -> Dict[str, Any]:
+    from pytest_cachecheck.baseline import baseline_for
+
+    return baseline_for(data, "f16")

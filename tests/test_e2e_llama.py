@@ -243,3 +243,61 @@ def test_two_replicas_under_xdist_match_one_server(plugin_run, llama_servers):
     print(f"\nMEASURED replicas: one server {sum(p['duration_s'] for p in single.data['probes']):.1f} s of "
           f"probe time; two servers under -n 2, per worker "
           f"{ {w: round(sum(p['duration_s'] for p in pair.data['probes'] if p['worker'] == w), 1) for w in owner} }")
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("-np", "2"), "llama-server runs 2 slots that share one cache*start it with -np 1 --cache-ram 0"),
+    (("--cache-ram", "64"), "llama-server restores prompts from its host-memory prompt cache*reused * of its * "
+                            "tokens, though the slot then held only the * they share*start it with --cache-ram 0"),
+])
+def test_misconfigured_llama_server_is_caught(plugin_run, llama_servers, flags, words):
+    """The setup checks against a real llama-server: more than one slot (read from /props), and the
+    host-memory prompt cache (which /props does not report: found by what the server reuses)."""
+    server = llama_servers("f32", *flags)
+    run = plugin_run(f"--cachecheck-url={server.url}", "--cachecheck-n=2")
+    assert run.counts() == {"error": 2}, run.out[-3000:]
+    assert run.ret == 1
+    import fnmatch
+    assert any(fnmatch.fnmatch(line, f"*server not usable: the server setup would spoil the measurement: *{words}*")
+               for line in run.out.splitlines()), run.out[-3000:]
+    for probe in run.data["probes"]:  # caught before the first probe: no probe request was sent
+        assert probe["requests"] == [] and "--" in probe["reason"]
+
+
+def test_host_cache_check_passes_with_cache_ram_0(llama_servers):
+    """The control for the host-memory cache check: with --cache-ram 0 (the plugin's own start flags) the
+    same three requests find no restored prompt, and the check says what it measured."""
+    from pytest_cachecheck.checks import Findings, host_cache
+    from pytest_cachecheck.clients.llama_cpp import LlamaCppClient
+    from pytest_cachecheck.clients.base import Http
+    from pytest_cachecheck.detect import detect_server
+
+    http = Http(llama_servers("f32").url, timeout=120)
+    client = LlamaCppClient(http, detect_server(http, None))
+    found = Findings()
+    host_cache(client, found)
+    assert found.problems == [] and len(found.notes) == 1, found
+    print(f"\nMEASURED host-memory cache check, --cache-ram 0: {found.notes[0]}")
+
+
+def test_target_matrix_f32_and_q4_0(plugin_run, llama_servers):
+    """Two builds of one model as a target matrix: each target's outcomes are those of its own run."""
+    f32, q4 = llama_servers("f32"), llama_servers("q4_0")
+    matrix = plugin_run(f"--cachecheck-target=f32={f32.url}", f"--cachecheck-target=q4_0={q4.url}")
+    assert [t["name"] for t in matrix.data["targets"]] == ["f32", "q4_0"]
+    for name, server in (("f32", f32), ("q4_0", q4)):
+        alone = plugin_run(f"--cachecheck-url={server.url}")
+        mine = {p["id"]: p["outcome"] for p in matrix.data["probes"] if p["target"] == name}
+        assert mine == {p["id"]: p["outcome"] for p in alone.data["probes"]}, name
+        for probe in (p for p in matrix.data["probes"] if p["target"] == name):
+            assert_hits_cover_turn1(probe)
+            assert probe["server_url"] == server.url
+        s = next(t for t in matrix.data["targets"] if t["name"] == name)["summary"]
+        assert s["valid"] == 20 and s["rate_ci95"] is not None
+        print(f"\nMEASURED target matrix, {name}: {s['different']} of {s['valid']} valid probes differed "
+              f"(rate {s['rate']:.1%}, 95% interval {s['rate_ci95'][0]:.1%} to {s['rate_ci95'][1]:.1%})")
+    lines = [line for line in matrix.out.splitlines() if line.startswith(("target ", "f32 ", "q4_0 "))]
+    assert len(lines) == 3 and "vs f32" in lines[0] and "(reference)" in lines[1], matrix.out[-3000:]
+    assert "McNemar p =" in lines[2]
+    different = sum(t["summary"]["different"] for t in matrix.data["targets"])
+    assert matrix.ret == (1 if different else 0)

@@ -264,8 +264,8 @@ def parse_logprobs(choice: Dict[str, Any]) -> Optional[List[Tuple[str, Optional[
     for entry in content:
         if not isinstance(entry, dict) or not isinstance(entry.get("token"), str):
             return None
-        top = [t.get("logprob") for t in entry.get("top_logprobs") or [] if isinstance(t, dict)]
-        top = sorted((float(x) for x in top if isinstance(x, (int, float))), reverse=True)
+        raw = [t.get("logprob") for t in entry.get("top_logprobs") or [] if isinstance(t, dict)]
+        top = sorted((float(x) for x in raw if isinstance(x, (int, float))), reverse=True)
         margin = top[0] - top[1] if len(top) >= 2 else None
         lp = entry.get("logprob")
         out.append((entry["token"], float(lp) if isinstance(lp, (int, float)) else None, margin))
