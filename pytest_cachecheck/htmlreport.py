@@ -226,24 +226,36 @@ def _summary_section(report: Mapping[str, Any], matrix: bool = False) -> str:
     out = ["<h2>Summary</h2>",
            f'<p>{_badge(s.get("status"))} <span class="why">{_e(s.get("why") or "")}</span></p>',
            f'<div class="counts">{boxes}</div>']
-    ci = s.get("rate_ci95")
     if matrix:
         out.append('<p id="rate">divergence rate: per target (a rate over several servers would mean '
                    'nothing), see <a href="#targets">Targets</a></p>')
-    elif isinstance(s.get("rate"), (int, float)):
-        line = (f"divergence rate <b>{_pct(s['rate'])}</b> ({_e(s.get('different'))} of "
-                f"{_e(s.get('valid'))} valid probes)")
-        if isinstance(ci, Sequence) and len(ci) == 2:
-            line += f", 95% Wilson interval {_pct(ci[0])} to {_pct(ci[1])}"
-        out.append(f'<p id="rate">{line}</p>')
     else:
-        out.append('<p id="rate">divergence rate: n/a (no valid probe)</p>')
-    not_run = s.get("not_run")
-    if isinstance(not_run, Sequence) and not isinstance(not_run, str) and not_run:
-        out.append(f'<p class="warning">not run: {_e(", ".join(map(str, not_run)))}</p>')
+        out.append(f'<p id="rate">{_rate_html(s)}</p>')
+    out += _summary_warnings(s)
+    return "".join(out)
+
+
+def _rate_html(s: Mapping[str, Any]) -> str:
+    """A summary's divergence rate with its 95% interval, or n/a when no probe was valid."""
+    if not isinstance(s.get("rate"), (int, float)):
+        return "divergence rate: n/a (no valid probe)"
+    line = (f"divergence rate <b>{_pct(s['rate'])}</b> ({_e(s.get('different'))} of "
+            f"{_e(s.get('valid'))} valid probes)")
+    ci = s.get("rate_ci95")
+    if isinstance(ci, Sequence) and len(ci) == 2:
+        line += f", 95% Wilson interval {_pct(ci[0])} to {_pct(ci[1])}"
+    return line
+
+
+def _summary_warnings(s: Mapping[str, Any]) -> List[str]:
+    """A summary's probes not run and the likely cause of recompute reuse, as warning paragraphs."""
+    out = []
+    not_run = _strings(s.get("not_run"))
+    if not_run:
+        out.append(f'<p class="warning">not run: {_e(", ".join(not_run))}</p>')
     if s.get("recompute_reuse_cause"):
         out.append(f'<p class="warning">{_e(s["recompute_reuse_cause"])}</p>')
-    return "".join(out)
+    return out
 
 
 def _rate_text(rate: Any) -> str:
@@ -469,20 +481,8 @@ def _target_summary(t: Mapping[str, Any]) -> str:
            "<p>" + " | ".join(f"{_e(k)} <b>{_e(s.get(k, '?'))}</b>"
                               for k in ("probes", "valid", "same", "different", "inconclusive", "errors"))
            + "</p>"]
-    ci = s.get("rate_ci95")
-    if isinstance(s.get("rate"), (int, float)):
-        line = (f"divergence rate <b>{_pct(s['rate'])}</b> ({_e(s.get('different'))} of "
-                f"{_e(s.get('valid'))} valid probes)")
-        if isinstance(ci, Sequence) and len(ci) == 2:
-            line += f", 95% Wilson interval {_pct(ci[0])} to {_pct(ci[1])}"
-        out.append(f"<p>{line}</p>")
-    else:
-        out.append("<p>divergence rate: n/a (no valid probe)</p>")
-    not_run = _strings(s.get("not_run"))
-    if not_run:
-        out.append(f'<p class="warning">not run: {_e(", ".join(not_run))}</p>')
-    if s.get("recompute_reuse_cause"):
-        out.append(f'<p class="warning">{_e(s["recompute_reuse_cause"])}</p>')
+    out.append(f"<p>{_rate_html(s)}</p>")
+    out += _summary_warnings(s)
     return "".join(out)
 
 

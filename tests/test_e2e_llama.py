@@ -8,6 +8,7 @@ made once per session and shared by the tests that read it.
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import subprocess
@@ -257,7 +258,6 @@ def test_misconfigured_llama_server_is_caught(plugin_run, llama_servers, flags, 
     run = plugin_run(f"--cachecheck-url={server.url}", "--cachecheck-n=2")
     assert run.counts() == {"error": 2}, run.out[-3000:]
     assert run.ret == 1
-    import fnmatch
     assert any(fnmatch.fnmatch(line, f"*server not usable: the server setup would spoil the measurement: *{words}*")
                for line in run.out.splitlines()), run.out[-3000:]
     for probe in run.data["probes"]:  # caught before the first probe: no probe request was sent

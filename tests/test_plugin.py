@@ -484,7 +484,7 @@ def test_conftest_example_wires_a_suite(pytester, emulator):
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "-v")
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) >= 6 and "error" not in outcomes and "errors" not in outcomes
-    lines = [l for l in result.stdout.lines if " PASSED" in l or " FAILED" in l]
+    lines = [line for line in result.stdout.lines if " PASSED" in line or " FAILED" in line]
     assert lines[0].startswith("test_custom.py::") and lines[-1].startswith("cachecheck::probe[")
     # the fixture from conftest_example.py reached the server with its system prompt
     assert any(r["messages"][0]["content"].startswith("You are the support assistant of a bicycle shop")
