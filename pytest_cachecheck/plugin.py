@@ -542,7 +542,8 @@ class Reporter:
             gates.append(max_rate_gate(tally, settings.max_rate))
         comparison = None
         baseline = self.state.baselines.get(name)
-        if baseline is not None:
+        # a matrix target that ran no probe (deselected) has nothing to compare
+        if baseline is not None and (records or name is None):
             comparison = compare(baseline, run, records)
             gates.append(should_fail(comparison, settings.fail_on))
         verdict = judge(tally, settings.min_valid, interrupted, gates or None)
@@ -577,10 +578,8 @@ class Reporter:
             data["checks"] = self.checks
         self.data = data
         for path, write in ((settings.report, lambda p: write_json_atomic(p, data, self.state.redactor.scrub)),
-                            (settings.html, lambda p: write_html(
-                                p, data, comparison, scrub=self.state.redactor.scrub,
-                                comparisons={str(t.name): t.comparison for t in self.results
-                                             if t.name is not None and t.comparison is not None}))):
+                            (settings.html, lambda p: write_html(p, data, comparison,
+                                                                 scrub=self.state.redactor.scrub))):
             if path:
                 try:
                     write(path)
@@ -600,7 +599,7 @@ class Reporter:
             tr.write_line(f"{label}cause: " + cause, yellow=True)
         for warning in t.run.get("setup_warnings") or []:
             tr.write_line(f"{label}setup warning: " + scrub(warning), yellow=True)
-        if t.comparison is not None and (t.records or t.name is None):
+        if t.comparison is not None:
             tr.write_sep("-", f"cachecheck baseline comparison ({self.state.settings.baseline})"
                          + (f", target {t.name}" if t.name is not None else ""))
             for line in t.comparison.lines(verbose=self.config.option.verbose > 0):

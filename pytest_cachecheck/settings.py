@@ -277,13 +277,13 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
                               "matrix; it conflicts with --cachecheck-url (ini cachecheck_url, env "
                               "CACHECHECK_URL): give the first server as a target too")
         urls = [targets[0][1]]
-    url = urls[0] if urls else None
-    if url is None or not urls:
+    if not urls:
         for name in ("nocache_url",):
             if raw.get(name):
                 raise ConfigError(f"{SPECS[name].flag}: needs --cachecheck-url (ini cachecheck_url, "
                                   f"env CACHECHECK_URL), the server under test")
         return None
+    url = urls[0]
     replicas = tuple(_url("url", str(u)) for u in urls)
     if len(set(replicas)) != len(replicas):
         raise _bad("url", url, "different URLs when the option is given several times")

@@ -232,8 +232,7 @@ class ChatClient:
             raise RequestError(f"{where}: the response has no choices", where=where)
         message = choices[0].get("message")
         content = message.get("content") if isinstance(message, dict) else None
-        if content is None and isinstance(message, dict) and any(
-                isinstance(message.get(k), str) and message[k] for k in ("reasoning_content", "reasoning")):
+        if content is None and isinstance(message, dict) and _reasoning(message):
             content = ""  # a reasoning model that spent every token thinking: an empty answer, not a fault
         if not isinstance(content, str):
             raise RequestError(f"{where}: the response has no message content", where=where)
@@ -246,12 +245,16 @@ class ChatClient:
     def reasoning_chars(data: Dict[str, Any]) -> int:
         """Characters of reasoning a reasoning parser split off the answer: ``reasoning_content``
         (llama-server, SGLang, older vLLM) or ``reasoning`` (vLLM 0.34)."""
-        message = data["choices"][0].get("message") or {}
-        for key in ("reasoning_content", "reasoning"):
-            text = message.get(key)
-            if isinstance(text, str) and text:
-                return len(text)
-        return 0
+        return len(_reasoning(data["choices"][0].get("message") or {}))
+
+
+def _reasoning(message: Dict[str, Any]) -> str:
+    """The reasoning a reasoning parser split off a reply's message, or "" when there is none."""
+    for key in ("reasoning_content", "reasoning"):
+        text = message.get(key)
+        if isinstance(text, str) and text:
+            return text
+    return ""
 
 
 def parse_logprobs(choice: Dict[str, Any]) -> Optional[List[Tuple[str, Optional[float], Optional[float]]]]:
