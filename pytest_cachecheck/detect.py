@@ -11,7 +11,8 @@ import os
 import re
 from typing import Any, Dict, List, Optional
 
-from .clients.base import Http, ServerInfo
+from .clients.base import ServerInfo
+from .clients.http import Http
 from .errors import RequestError, ServerSetupError
 
 

@@ -9,7 +9,8 @@ import requests
 import responses
 
 from pytest_cachecheck.clients import LlamaCppClient, OpenAICompatClient
-from pytest_cachecheck.clients.base import Http, ServerInfo
+from pytest_cachecheck.clients.base import ServerInfo
+from pytest_cachecheck.clients.http import Http
 from pytest_cachecheck.detect import detect_server
 from pytest_cachecheck.errors import RequestError, ServerSetupError
 

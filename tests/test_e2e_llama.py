@@ -269,7 +269,7 @@ def test_host_cache_check_passes_with_cache_ram_0(llama_servers):
     same three requests find no restored prompt, and the check says what it measured."""
     from pytest_cachecheck.checks import Findings, host_cache
     from pytest_cachecheck.clients.llama_cpp import LlamaCppClient
-    from pytest_cachecheck.clients.base import Http
+    from pytest_cachecheck.clients.http import Http
     from pytest_cachecheck.detect import detect_server
 
     http = Http(llama_servers("f32").url, timeout=120)

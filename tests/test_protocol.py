@@ -6,7 +6,8 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from pytest_cachecheck.clients.base import ChatClient, Http, Reply, ServerInfo
+from pytest_cachecheck.clients.base import ChatClient, Reply, ServerInfo
+from pytest_cachecheck.clients.http import Http
 from pytest_cachecheck.errors import RequestError
 from pytest_cachecheck.probes import parse_probe
 from pytest_cachecheck.protocol import Runner, Target, excerpt, first_difference
