@@ -15,13 +15,15 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import pytest
 
-from . import _items
+from . import _collect, _items
+from ._collect import item_target as _item_target, record_key
 from .errors import ConfigError, RequestError, ServerSetupError
 from .outcomes import ERROR
 from .probes import Probe, ProbeFileError, builtin_probes, load_probes, parse_probe, probe_set_fingerprint
 from .redact import Redactor, display_url
 from .report import Tally, Verdict, build_matrix_report, build_report, combine_verdicts, divergence_line, \
-    judge, matrix_lines, max_rate_gate, rate_line, recompute_reuse_cause, result_block, write_json_atomic
+    judge, matrix_lines, max_rate_gate, placement_problem, rate_line, recompute_reuse_cause, result_block, \
+    write_json_atomic
 from .settings import OPTIONS, Settings, lookup, reproduce_args, resolve
 
 if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
@@ -31,13 +33,6 @@ if TYPE_CHECKING:  # the measurement (and requests) are imported only when the p
 
 RECORD = "cachecheck"  # user_properties key of a probe record
 CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check() record
-XDIST_GROUP = "cachecheck"
-
-
-def record_key(probe_id: str, target: Optional[str]) -> str:
-    """How a probe item is named among the session's records: its probe id, and in a target matrix
-    ``<probe id>@<target>`` (target names cannot contain '@')."""
-    return probe_id if target is None else f"{probe_id}@{target}"
 
 
 class _State:
@@ -59,6 +54,8 @@ class _State:
         self.baselines: Dict[Optional[str], Dict[str, Any]] = {}  # target -> the baseline it is compared with
         #: an xdist controller: its workers probe, so it sends no request that generates
         self.controller_of_workers = False
+        #: under pytest-xdist: where each test runs (made by the controller, shared with its workers)
+        self.placement: Optional[_collect.Placement] = None
 
     @property
     def targets(self) -> List[Optional[str]]:
@@ -161,6 +158,12 @@ def pytest_configure(config: pytest.Config) -> None:
     state.served = served
     state.baselines = baselines
     state.controller_of_workers = not _is_worker(config) and getattr(config.option, "dist", "no") not in (None, "no")
+    if state.controller_of_workers or _is_worker(config):
+        folder = getattr(config, "workerinput", {}).get("cachecheck_placement")
+        first = settings.targets[0][0] if settings.targets else None
+        replicas = len(settings.replicas) > 1
+        state.placement = (_collect.Placement(folder, first, replicas) if folder
+                           else _collect.new_placement(first, replicas) if state.controller_of_workers else None)
     config.stash[STATE] = state
     if not _is_worker(config):
         config.pluginmanager.register(Reporter(config, state), "cachecheck-reporter")
@@ -186,6 +189,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if state is not None and state.served is not None:
         state.served.server.stop()
         state.served = None
+    if state is not None and state.placement is not None and not _is_worker(config):
+        state.placement.close()
 
 
 def _worker_index(config: pytest.Config) -> Optional[int]:
@@ -208,32 +213,32 @@ def _own_replica(config: pytest.Config, settings: Settings) -> Settings:
 
 
 def _check_xdist(config: pytest.Config) -> None:
-    """All probes against one server must run in one worker: parallel requests batch and change answers."""
-    if _is_worker(config):
-        # workers re-parse the command line; the controller tells them about the switch below
-        if config.workerinput.get("cachecheck_dist") == "loadgroup":  # type: ignore[attr-defined]
-            config.option.loadgroup = True
-        return
+    """All probes against one server must run in one worker: parallel requests batch and change answers.
+    The plugin's own scheduler keeps them together under every --dist but ``each``."""
     dist = getattr(config.option, "dist", "no")
-    if dist in (None, "no"):
+    if _is_worker(config) or dist in (None, "no") or dist in _collect.DIST_MODES:
         return
-    if dist == "load":
-        # loadgroup distributes ungrouped tests exactly as load does and keeps our xdist_group together
-        config.option.dist = "loadgroup"
-    elif dist not in ("loadgroup", "loadfile", "loadscope"):
-        raise pytest.UsageError(
-            f"cachecheck: --dist {dist} would send probes to one server from several workers at once, "
-            f"which batches requests and changes answers; use --dist loadgroup (the default with -n is "
-            f"switched to it) or loadfile/loadscope")
+    raise pytest.UsageError(
+        f"cachecheck: --dist {dist} would send probes to one server from several workers at once, which "
+        f"batches requests and changes answers; use one of {', '.join(_collect.DIST_MODES)}")
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     state = node.config.stash.get(STATE, None)
     if state is not None:
-        node.workerinput["cachecheck_dist"] = node.config.option.dist
+        if state.placement is not None:
+            node.workerinput["cachecheck_placement"] = state.placement.folder
         if state.served is not None:
             node.workerinput["cachecheck_served_url"] = state.served.server.url
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    state = config.stash.get(STATE, None)
+    if state is None or state.placement is None:
+        return None
+    return _collect.make_scheduler(config, log, state.placement)
 
 
 def _describe_target(state: _State, name: Optional[str]) -> List[str]:
@@ -280,40 +285,16 @@ def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
 
 
 # -- items ------------------------------------------------------------------------------------------
-class _ProbeModule(pytest.Module):
-    """The plugin's own module of probe items; only its ``probe`` function is collected."""
-
-    def funcnamefilter(self, name: str) -> bool:
-        return name == "probe"
-
-    def classnamefilter(self, name: str) -> bool:
-        return False
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: List[pytest.Item]) -> None:
-    if config.stash.get(STATE, None) is None:
+    state = config.stash.get(STATE, None)
+    if state is None:
         return
-    module = _ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid="cachecheck",
-                                      name="cachecheck")
-    new: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
-    servers = len(config.stash[STATE].settings.replicas) or 1  # type: ignore[union-attr]
-    for k, item in enumerate(new):
-        # one group per server: a worker runs its groups one probe at a time, each on its own server
-        target = _item_target(item)
-        if target is not None:
-            group = f"{XDIST_GROUP}-{target}"
-        else:
-            group = XDIST_GROUP if servers == 1 else f"{XDIST_GROUP}-{k % servers}"
-        item.add_marker(pytest.mark.xdist_group(group))
-    config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None, list(new)))
-    items.extend(new)
-
-
-def _item_target(item: pytest.Item) -> Optional[str]:
-    callspec = getattr(item, "callspec", None)
-    return callspec.params.get("cachecheck_target") if callspec is not None else None
+    items.extend(_collect.collect_probe_items(session))
+    worker = _collect.worker_id(config)
+    if worker is not None and state.placement is not None:
+        state.placement.write_fixture_users(worker, items)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
@@ -342,6 +323,22 @@ def _record(result: ProbeResult, runner: Runner, target: Optional[str]) -> Dict[
     return record
 
 
+def _measure(config: pytest.Config, state: _State, runner: Runner, probe: Probe) -> ProbeResult:
+    """Measure one probe; under pytest-xdist only once this worker owns the probe's servers."""
+    worker = _collect.worker_id(config)
+    if worker is not None and state.placement is not None:
+        for url in (runner.settings.url, runner.settings.nocache_url):
+            owner = state.placement.claim(url, worker) if url else None
+            if owner is not None:
+                from .protocol import ProbeResult
+
+                return ProbeResult(probe, ERROR, reason=(
+                    f"not measured: xdist worker {owner} already sends to {display_url(url)} in this session, "
+                    f"and requests sent to one server in parallel change answers; the plugin's placement of "
+                    f"this test failed (another plugin's scheduler?)"))
+    return runner.run(probe)
+
+
 @pytest.fixture
 def cachecheck_target() -> Optional[str]:
     """The target-matrix target a probe item runs on (``--cachecheck-target NAME=URL``); None without a
@@ -356,7 +353,7 @@ def cachecheck_probe_result(request: pytest.FixtureRequest, cachecheck_probe: Pr
     state = request.config.stash[STATE]
     assert state is not None
     runner = state.runner(cachecheck_target)
-    result = runner.run(cachecheck_probe)
+    result = _measure(request.config, state, runner, cachecheck_probe)
     request.node.user_properties.append((RECORD, _record(result, runner, cachecheck_target)))
     if result.outcome == ERROR:
         pytest.fail(f"cachecheck: {result.reason}", pytrace=False)
@@ -423,7 +420,7 @@ class CacheCheck:
         probe = parse_probe(obj, path=f"cachecheck.check() in {self._node.nodeid}", line=1,
                             default_id=self._node.name)
         runner = self._state.runner(target)
-        result = runner.run(probe)
+        result = _measure(self._node.config, self._state, runner, probe)
         record = _record(result, runner, target)
         record["test"] = self._node.nodeid
         self._node.user_properties.append((CHECK_RECORD, record))
@@ -456,11 +453,6 @@ def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> Op
 
 
 # -- the controller's reporter ----------------------------------------------------------------------
-def _escaped(probe_id: str) -> str:
-    # how pytest shows a parametrize id in node ids
-    return probe_id.encode("unicode_escape").decode("ascii")
-
-
 @dataclasses.dataclass
 class _TargetResult:
     """What one target (the only one, without a matrix) measured, and its own verdict."""
@@ -509,7 +501,7 @@ class Reporter:
     def pytest_xdist_node_collection_finished(self, node: Any, ids: List[str]) -> None:
         if self.selected is not None:
             return
-        by_name = {f"cachecheck::probe[{_escaped(k)}]": k for k in self.state.keys()}
+        by_name = {_collect.probe_nodeid(k): k for k in self.state.keys()}
         self.selected = [by_name[n] for n in ids if n in by_name]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -546,7 +538,9 @@ class Reporter:
         if baseline is not None and (records or name is None):
             comparison = compare(baseline, run, records)
             gates.append(should_fail(comparison, settings.fail_on))
-        verdict = judge(tally, settings.min_valid, interrupted, gates or None)
+        checks = [c for c in self.checks if c.get("target") == name]
+        verdict = judge(tally, settings.min_valid, interrupted, gates or None,
+                        placement_problem(records + checks))
         return _TargetResult(name, runner.settings.url, records, selected, run, tally, verdict, comparison)
 
     @pytest.hookimpl(tryfirst=True)

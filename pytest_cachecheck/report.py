@@ -73,9 +73,26 @@ def wilson(k: int, n: int, z: float = 1.959964) -> Optional[Tuple[float, float]]
 
 @dataclass
 class Verdict:
-    status: str  # passed | diverged | errors | too-few-valid | interrupted | no-probes
+    status: str  # passed | diverged | gate-failed | errors | too-few-valid | unreliable | interrupted | no-probes
     ok: bool
     why: str
+
+
+def placement_problem(records: Sequence[Mapping[str, Any]]) -> Optional[str]:
+    """Why the run cannot be trusted when two processes (xdist workers) sent probes or checks to one
+    server in one session, else None. Records name their server and the worker that measured them."""
+    workers: Dict[str, set] = {}
+    for r in records:
+        if r.get("outcome") == "error" and not r.get("requests"):
+            continue  # sent nothing
+        workers.setdefault(str(r.get("server_url")), set()).add(r.get("worker") or "the main process")
+    shared = {url: sorted(w) for url, w in workers.items() if len(w) > 1}
+    if not shared:
+        return None
+    url, names = next(iter(shared.items()))
+    return (f"probes against {url} were measured by {len(names)} processes ({', '.join(names)}): requests "
+            f"sent to one server in parallel are batched together, which changes answers by itself, so "
+            f"no outcome of this run can be trusted; run without -n, or report this placement as a bug")
 
 
 def max_rate_gate(t: Tally, max_rate: float) -> Tuple[bool, str]:
@@ -90,9 +107,12 @@ def max_rate_gate(t: Tally, max_rate: float) -> Tuple[bool, str]:
 
 
 def judge(t: Tally, min_valid: float, interrupted: bool = False,
-          gates: Optional[Sequence[Tuple[bool, str]]] = None) -> Verdict:
+          gates: Optional[Sequence[Tuple[bool, str]]] = None, unreliable: Optional[str] = None) -> Verdict:
     """The session verdict. ``gates`` (max rate, baseline policy), when given, decide about divergences
-    in place of the default rule that any valid probe that differed fails the session."""
+    in place of the default rule that any valid probe that differed fails the session. ``unreliable``
+    says why no outcome can be trusted (it overrides everything)."""
+    if unreliable:
+        return Verdict("unreliable", False, unreliable)
     if interrupted:
         return Verdict("interrupted", False, "the run was interrupted; the report holds what was measured")
     if t.probes == 0:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The project's test command (README "Run the tests"; .ci/run calls exactly this).
 # Installs what the tests need, builds or reuses llama-server (cached under ~/.cache/pytest-cachecheck),
-# then runs the whole suite. Extra arguments go to pytest.
+# then runs the whole suite, then the version matrix (tests/support/matrix.py). Extra arguments go to
+# pytest, and then the matrix is left out.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
@@ -11,4 +12,8 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
     || echo "tests/run.sh: chromium could not be installed; the HTML render test skips (fails with CI set)" >&2
 fi
 python3 -m pytest_cachecheck.llama_server build >/dev/null
-exec python3 -m pytest "$@"
+python3 -m pytest "$@"
+if [ "$#" -eq 0 ]; then
+  # the plugin-level tests again on the oldest and newest pytest and pytest-xdist (cached venvs)
+  python3 -m tests.support.matrix
+fi

@@ -315,8 +315,8 @@ BAD = [
                  id="probes-directory"),
     pytest.param(["--cachecheck-report="], "--cachecheck-report",
                  id="report-empty"),
-    # xdist modes that split probes over workers
-    (["-n", "2", "--dist=worksteal"], "--dist worksteal would send probes to one server*"),
+    # the one xdist mode that sends every test to every worker
+    (["-n", "2", "--dist=each"], "--dist each would send probes to one server*"),
 ]
 INI_AND_ENV_BAD = [
     # (ini text, environment, words)

@@ -6,8 +6,11 @@ import json
 import textwrap
 import xml.etree.ElementTree as ET
 
+import importlib.util
+
 import pytest
 
+needs_xdist = pytest.mark.skipif(importlib.util.find_spec("xdist") is None, reason="pytest-xdist is not installed")
 SMALL = ["--cachecheck-n=3", "-p", "no:cacheprovider"]
 SETUP = 1  # chat requests before the first probe: the setup check of cached-token reporting (vLLM)
 
@@ -17,6 +20,7 @@ def chat_count(emu) -> int:
 
 
 # -- switched off -------------------------------------------------------------------------------------
+@pytest.mark.compat
 def test_help_lists_every_option(pytester):
     result = pytester.runpytest("--help")
     for flag in ("--cachecheck-url", "--cachecheck-mode", "--cachecheck-nocache-url", "--cachecheck-model",
@@ -28,6 +32,7 @@ def test_help_lists_every_option(pytester):
     assert "cachecheck_url" in out and "CACHECHECK_URL" in out and "CACHECHECK_API_KEY" in out
 
 
+@pytest.mark.compat
 def test_without_url_adds_nothing_and_sends_nothing(pytester, emulator):
     emu = emulator()
     pytester.makepyfile("def test_ok(): pass")
@@ -37,6 +42,7 @@ def test_without_url_adds_nothing_and_sends_nothing(pytester, emulator):
     assert chat_count(emu) == 0
 
 
+@pytest.mark.compat
 def test_plugin_can_be_disabled(pytester, emulator):
     emu = emulator()
     pytester.makepyfile("def test_ok(): pass")
@@ -46,6 +52,7 @@ def test_plugin_can_be_disabled(pytester, emulator):
 
 
 # -- outcomes -----------------------------------------------------------------------------------------
+@pytest.mark.compat
 def test_empty_folder_runs_builtin_probes(pytester, emulator):
     emu = emulator()
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "-p", "no:cacheprovider", "-v")
@@ -63,6 +70,7 @@ def test_empty_folder_runs_builtin_probes(pytester, emulator):
     ])
 
 
+@pytest.mark.compat
 def test_divergence_fails_with_where_and_excerpts(pytester, emulator):
     emu = emulator(diverge_on_hit={"bicycle"})
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=3", "-p", "no:cacheprovider")
@@ -200,6 +208,7 @@ def test_model_choice(pytester, emulator):
 
 
 # -- selection, suites, xdist -------------------------------------------------------------------------
+@pytest.mark.compat
 def test_beside_a_suite_with_k_and_m(pytester, emulator):
     emu = emulator()
     pytester.makepyfile("def test_mine(): pass")
@@ -212,12 +221,15 @@ def test_beside_a_suite_with_k_and_m(pytester, emulator):
     result.assert_outcomes(passed=4)
 
 
+@pytest.mark.compat
 def test_without_xdist_plugin(pytester, emulator):
     emu = emulator()
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "-p", "no:xdist")
     result.assert_outcomes(passed=3)
 
 
+@needs_xdist
+@pytest.mark.compat
 def test_xdist_keeps_probes_in_one_worker(pytester, emulator):
     emu = emulator()
     pytester.makepyfile(**{f"test_user{i}": "def test_x(): pass" for i in range(4)})
@@ -234,6 +246,8 @@ def test_xdist_keeps_probes_in_one_worker(pytester, emulator):
     result.stdout.fnmatch_lines(["0 of 6 valid probes gave a different turn-2 answer on the cache path."])
 
 
+@needs_xdist
+@pytest.mark.compat
 def test_xdist_each_is_refused(pytester, emulator):
     emu = emulator()
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "-n", "2", "--dist", "each")
@@ -289,6 +303,7 @@ def test_bad_probe_file_names_file_line_field(pytester, emulator):
 
 
 # -- configuration sources ------------------------------------------------------------------------------
+@pytest.mark.compat
 def test_ini_env_and_command_line_precedence(pytester, emulator, monkeypatch):
     ini_emu, cli_emu, env_emu = emulator(), emulator(), emulator()
     pytester.makeini(f"[pytest]\ncachecheck_url = {ini_emu.url}\ncachecheck_n = 1\n")
@@ -347,6 +362,7 @@ def test_json_report_and_result_block(pytester, emulator):
     assert not list(report.parent.glob(".cachecheck-*"))  # the temporary file was renamed away
 
 
+@pytest.mark.compat
 def test_pytest_json_report_and_junit(pytester, emulator):
     emu = emulator()
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--json-report",
@@ -374,6 +390,7 @@ def test_report_written_when_server_dies(pytester, emulator):
 
 
 # -- for test authors -----------------------------------------------------------------------------------
+@pytest.mark.compat
 def test_cachecheck_fixture(pytester, emulator):
     emu = emulator(diverge_on_hit={"lighthouse"})
     pytester.makepyfile(textwrap.dedent("""
@@ -417,6 +434,7 @@ def test_max_rate_gate(pytester, emulator):
                                  "exceeds --cachecheck-max-rate 0.2"])
 
 
+@pytest.mark.compat
 def test_baseline_unchanged_new_divergence_and_html(pytester, emulator):
     clean, flips = emulator(), emulator(diverge_on_hit={"bicycle"})
     base = pytester.path / "before.json"
@@ -496,6 +514,8 @@ def test_conftest_example_wires_a_suite(pytester, emulator):
     assert len(emu.requests_log) == before
 
 
+@needs_xdist
+@pytest.mark.compat
 def test_replicas_one_server_per_worker(pytester, emulator):
     a, b = emulator(diverge_on_hit={"bicycle"}), emulator(diverge_on_hit={"bicycle"})
     report = pytester.path / "r.json"
@@ -517,6 +537,7 @@ def test_replicas_one_server_per_worker(pytester, emulator):
     assert single.ret == 1
 
 
+@needs_xdist
 def test_replicas_need_a_server_per_worker(pytester, emulator):
     a, b = emulator(), emulator()
     result = pytester.runpytest_subprocess(f"--cachecheck-url={a.url}", f"--cachecheck-url={b.url}", "-n", "3")
@@ -571,6 +592,7 @@ def test_template_that_breaks_the_turn2_prefix_is_caught(pytester, emulator):
 
 
 # -- target matrix ----------------------------------------------------------------------------------------
+@pytest.mark.compat
 def test_target_matrix_side_by_side(pytester, emulator):
     f16 = emulator()
     q4 = emulator(diverge_on_hit={"bicycle", "bread"})
@@ -637,6 +659,8 @@ def test_target_matrix_selection_ini_and_check_fixture(pytester, emulator):
     assert chat_count(f16) - before[0] == SETUP + 6 and chat_count(q4) - before[1] == SETUP + 6
 
 
+@needs_xdist
+@pytest.mark.compat
 def test_target_matrix_under_xdist_gives_each_target_one_worker(pytester, emulator):
     a, b = emulator(), emulator(diverge_on_hit={"bicycle"})
     args = [f"--cachecheck-target=a={a.url}", f"--cachecheck-target=b={b.url}", "--cachecheck-n=4"]

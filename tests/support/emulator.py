@@ -521,6 +521,8 @@ class Emulator:
         self.health_generations = 0  # SGLang GET /health runs
         self.chat_requests = 0  # chat/completion POSTs received (the numbering `fault` uses)
         self.served_requests = 0  # requests that generated an answer
+        self.in_flight = 0  # chat/completion requests received and not yet answered
+        self.max_in_flight = 0  # the most that were ever in flight at once (1: no client sent in parallel)
         self._cache = PrefixCache(config.block_size, config.cache_capacity_blocks)
         self._lock = threading.Lock()  # batch size one: one generation at a time
         self._count_lock = threading.Lock()
@@ -929,6 +931,16 @@ class Emulator:
     # -- generation ------------------------------------------------------------------------------------------
 
     def _handle_generation(self, h: _Handler, path: str) -> None:
+        with self._count_lock:
+            self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            self._handle_generation_counted(h, path)
+        finally:
+            with self._count_lock:
+                self.in_flight -= 1
+
+    def _handle_generation_counted(self, h: _Handler, path: str) -> None:
         raw = h.read_body()
         with self._count_lock:
             self.chat_requests += 1

@@ -1,0 +1,189 @@
+"""The one corner that leans on pytest and pytest-xdist internals: the plugin's synthetic module of probe
+items, their node ids, and where pytest-xdist runs them.
+
+Requests sent to one server in parallel are batched together, and batching alone changes answers; so
+every probe item of one server, and every test that uses the ``cachecheck`` fixture against it, must run
+in one worker, in order. The plugin does not lean on ``--dist loadgroup`` (its grouping broke with a
+pytest release): it gives pytest-xdist a scheduler of its own, which places the probes of each server in
+one work unit and spreads everything else as the ``--dist`` the user chose would. Workers report which
+of their tests use the fixture through a file in a folder the controller made, because the controller
+collects nothing itself. The session checks afterwards that the placement held (``run.py``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import IO, Any, Dict, List, Optional, Set
+
+import pytest
+
+from . import _items
+
+MODULE = "cachecheck"  # the node id of the synthetic module of probe items
+PROBE_PREFIX = MODULE + "::probe["
+FIXTURE = "cachecheck"
+#: --dist modes the plugin's scheduler stands in for; ``each`` runs every test on every worker
+DIST_MODES = ("load", "loadscope", "loadfile", "loadgroup", "worksteal")
+
+
+def record_key(probe_id: str, target: Optional[str]) -> str:
+    """How a probe item is named among the session's records: its probe id, and in a target matrix
+    ``<probe id>@<target>`` (target names cannot contain '@')."""
+    return probe_id if target is None else f"{probe_id}@{target}"
+
+
+def escaped(text: str) -> str:
+    """A parametrize id as pytest shows it in node ids (non-ASCII and control characters escaped)."""
+    return text.encode("unicode_escape").decode("ascii")
+
+
+def probe_nodeid(key: str) -> str:
+    return f"{PROBE_PREFIX}{escaped(key)}]"
+
+
+class ProbeModule(pytest.Module):
+    """The plugin's own module of probe items; only its ``probe`` function is collected."""
+
+    def funcnamefilter(self, name: str) -> bool:
+        return name == "probe"
+
+    def classnamefilter(self, name: str) -> bool:
+        return False
+
+
+def collect_probe_items(session: pytest.Session) -> List[pytest.Item]:
+    """The probe items, collected from the synthetic module and reported as its collection."""
+    module = ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid=MODULE, name=MODULE)
+    items: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
+    session.config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None,
+                                                                        list(items)))
+    return items
+
+
+def item_target(item: pytest.Item) -> Optional[str]:
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("cachecheck_target") if callspec is not None else None
+
+
+# -- placement under pytest-xdist ------------------------------------------------------------------
+class Placement:
+    """Which work unit each test belongs to; one per session, on the controller and on each worker.
+
+    One server: one unit for its probes and the fixture's tests. A target matrix: one unit per target,
+    the fixture's tests with the first target's. Replicas: every worker owns a server of its own, so
+    probes and tests may go anywhere.
+    """
+
+    def __init__(self, folder: str, first_target: Optional[str], replicas: bool) -> None:
+        self.folder = folder
+        self.first_target = first_target  # the matrix target a test's checks default to; None: no matrix
+        self.replicas = replicas
+        self._fixture_users: Optional[Set[str]] = None
+        self._claims: Dict[str, IO[str]] = {}  # server -> the lock file this process holds for it
+
+    # on a worker: which collected tests use the cachecheck fixture
+    def write_fixture_users(self, worker: str, items: List[pytest.Item]) -> None:
+        users = [i.nodeid for i in items if FIXTURE in getattr(i, "fixturenames", ())]
+        path = Path(self.folder) / f"fixture-users-{worker}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(users), encoding="utf-8")
+        os.replace(tmp, path)
+
+    # on the controller
+    def fixture_users(self) -> Set[str]:
+        if self._fixture_users is None:
+            found: Set[str] = set()
+            for path in Path(self.folder).glob("fixture-users-*.json"):
+                try:
+                    found.update(json.loads(path.read_text(encoding="utf-8")))
+                except (OSError, ValueError):
+                    pass  # the run-time check still catches a test placed wrongly
+            self._fixture_users = found
+        return self._fixture_users
+
+    def server_unit(self, nodeid: str) -> Optional[str]:
+        """The work unit of a test that sends to a server, or None for any other test."""
+        if nodeid.startswith(PROBE_PREFIX):
+            if self.replicas:
+                return "cachecheck-probe:" + nodeid  # each worker measures on a server of its own
+            if self.first_target is not None:
+                inner = nodeid[len(PROBE_PREFIX):-1]
+                return "cachecheck-server:" + inner.rsplit("@", 1)[-1]
+            return "cachecheck-server"
+        if not self.replicas and nodeid in self.fixture_users():
+            return "cachecheck-server" + ("" if self.first_target is None else ":" + self.first_target)
+        return None
+
+    # on a worker, before its first request to a server
+    def claim(self, server: str, worker: str) -> Optional[str]:
+        """Make this worker the only one that sends to ``server`` for the rest of the session. Returns
+        None when it is (or now is) the owner, else the id of the worker that already owns it."""
+        if server in self._claims:
+            return None
+        try:
+            import fcntl
+        except ImportError:  # pragma: no cover - not POSIX: the check at session end still holds
+            return None
+        name = hashlib.sha256(server.encode("utf-8")).hexdigest()[:16]
+        handle = open(Path(self.folder) / f"server-{name}.lock", "a+", encoding="utf-8")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            owner = handle.read().strip() or "another worker"
+            handle.close()
+            return owner
+        handle.seek(0)
+        handle.truncate()
+        handle.write(worker)
+        handle.flush()
+        self._claims[server] = handle  # held until the process ends
+        return None
+
+    def close(self) -> None:
+        for handle in self._claims.values():
+            handle.close()
+        self._claims.clear()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def new_placement(first_target: Optional[str], replicas: bool) -> Placement:
+    return Placement(tempfile.mkdtemp(prefix="cachecheck-xdist-"), first_target, replicas)
+
+
+def default_unit(nodeid: str, dist: str) -> str:
+    """The work unit xdist's own scheduler for ``dist`` would give a test the plugin does not place."""
+    if dist == "loadfile":
+        return nodeid.split("::", 1)[0]
+    if dist == "loadscope":
+        return nodeid.rsplit("::", 1)[0]
+    if dist == "loadgroup" and nodeid.rfind("@") > nodeid.rfind("]"):
+        return nodeid.split("@")[-1]  # xdist_group marks, as xdist names them
+    return nodeid  # load, worksteal: every test on its own
+
+
+def make_scheduler(config: pytest.Config, log: Any, placement: Placement) -> Any:
+    """A pytest-xdist scheduler that keeps each server's probes in one worker, in order."""
+    try:
+        from xdist.scheduler import LoadScopeScheduling
+    except ImportError as exc:  # pragma: no cover - every supported xdist has it
+        raise pytest.UsageError(f"cachecheck: this pytest-xdist has no LoadScopeScheduling ({exc}); the "
+                                f"plugin cannot keep each server's probes in one worker: run without -n") from None
+    dist = str(config.getvalue("dist"))
+
+    class CachecheckScheduling(LoadScopeScheduling):  # type: ignore[misc, valid-type]
+        def _split_scope(self, nodeid: str) -> str:
+            return placement.server_unit(nodeid) or default_unit(nodeid, dist)
+
+    return CachecheckScheduling(config, log)
+
+
+def worker_id(config: pytest.Config) -> Optional[str]:
+    workerinput: Dict[str, Any] = getattr(config, "workerinput", {})
+    worker = workerinput.get("workerid")
+    return str(worker) if worker else None
