@@ -23,18 +23,14 @@ from typing import IO, Any, Dict, List, Optional, Set
 import pytest
 
 from . import _items
+from .errors import ConfigError
+from .settings import Settings
 
 MODULE = "cachecheck"  # the node id of the synthetic module of probe items
 PROBE_PREFIX = MODULE + "::probe["
 FIXTURE = "cachecheck"
 #: --dist modes the plugin's scheduler stands in for; ``each`` runs every test on every worker
 DIST_MODES = ("load", "loadscope", "loadfile", "loadgroup", "worksteal")
-
-
-def record_key(probe_id: str, target: Optional[str]) -> str:
-    """How a probe item is named among the session's records: its probe id, and in a target matrix
-    ``<probe id>@<target>`` (target names cannot contain '@')."""
-    return probe_id if target is None else f"{probe_id}@{target}"
 
 
 def escaped(text: str) -> str:
@@ -181,6 +177,28 @@ def make_scheduler(config: pytest.Config, log: Any, placement: Placement) -> Any
             return placement.server_unit(nodeid) or default_unit(nodeid, dist)
 
     return CachecheckScheduling(config, log)
+
+
+def check_dist(dist: Optional[str]) -> None:
+    """Refuse the one --dist the plugin cannot place probes under: ``each`` runs every test everywhere."""
+    if dist in (None, "no") or dist in DIST_MODES:
+        return
+    raise ConfigError(f"--dist {dist} would send probes to one server from several workers at once, which "
+                      f"batches requests and changes answers; use one of {', '.join(DIST_MODES)}")
+
+
+def own_replica(settings: Settings, worker: Optional[str], numprocesses: Any) -> Settings:
+    """With several URLs, each xdist worker owns one server (gwN the N-th); no two workers share one."""
+    if len(settings.replicas) < 2:
+        return settings
+    if worker is not None and worker.startswith("gw") and worker[2:].isdigit():
+        from dataclasses import replace
+
+        return replace(settings, url=settings.replicas[int(worker[2:])])
+    if isinstance(numprocesses, int) and numprocesses > len(settings.replicas):
+        raise ConfigError(f"-n {numprocesses} workers but {len(settings.replicas)} --cachecheck-url servers: "
+                          f"each worker needs a server of its own")
+    return settings
 
 
 def worker_id(config: pytest.Config) -> Optional[str]:

@@ -10,19 +10,19 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 import pytest
 
-from .outcomes import DIFFERENT, INCONCLUSIVE
+from .model import Outcome
 
 if TYPE_CHECKING:
-    from .protocol import ProbeResult
+    from .model import ProbeRecord
 
 
 @pytest.mark.cachecheck
-def probe(cachecheck_probe: object, cachecheck_probe_result: ProbeResult,
-          cachecheck_expected_divergence: Callable[[ProbeResult], Optional[str]]) -> None:
+def probe(cachecheck_probe: object, cachecheck_probe_result: ProbeRecord,
+          cachecheck_expected_divergence: Callable[[ProbeRecord], Optional[str]]) -> None:
     result = cachecheck_probe_result
-    if result.outcome == INCONCLUSIVE:
+    if result.outcome == Outcome.INCONCLUSIVE:
         pytest.skip(result.reason)
-    if result.outcome == DIFFERENT:
+    if result.outcome == Outcome.DIFFERENT:
         expected = cachecheck_expected_divergence(result)
         if expected:
             pytest.xfail(f"{expected}: {result.message()}")

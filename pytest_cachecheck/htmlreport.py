@@ -19,16 +19,15 @@ This module knows nothing about pytest.
 from __future__ import annotations
 
 import html
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
-from .baseline import Comparison, format_p
+from .files import write_text_atomic
+from .model import RunReport, scrubbed
+from .protocol import first_difference
 from .redact import display_url
-from .report import first_difference, write_text_atomic
+from .stats import format_p
 
 __all__ = ["render_html", "write_html"]
-
-#: What the comparison arguments take: ``Comparison.to_dict()`` or the Comparison itself.
-ComparisonLike = Union[Mapping[str, Any], Comparison]
 
 _CSS = """
 :root { --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700; --err: #6e40c9; --muted: #57606a; }
@@ -362,31 +361,6 @@ def _probe_section(p: Mapping[str, Any], anchor: str, label: Optional[str] = Non
     return "".join(out)
 
 
-def _scrub_deep(obj: Any, scrub: Callable[[str], str]) -> Any:
-    if isinstance(obj, str):
-        return scrub(obj)
-    if isinstance(obj, Mapping):
-        return {k: _scrub_deep(v, scrub) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_scrub_deep(v, scrub) for v in obj]
-    return obj
-
-
-def _comparison_dict(comparison: Optional[ComparisonLike]) -> Optional[Mapping[str, Any]]:
-    if isinstance(comparison, Comparison):
-        return comparison.to_dict()
-    return comparison
-
-
-def _comparison_dicts(comparisons: Optional[Mapping[str, ComparisonLike]]) -> Dict[str, Mapping[str, Any]]:
-    out: Dict[str, Mapping[str, Any]] = {}
-    for name, c in (comparisons or {}).items():
-        d = _comparison_dict(c)
-        if isinstance(d, Mapping):
-            out[str(name)] = d
-    return out
-
-
 # --------------------------------------------------------------------------- target matrix
 
 def _record_key(probe_id: Any, target: Any) -> str:
@@ -556,19 +530,12 @@ def _matrix_probe_index(m: _Matrix) -> str:
     return f'<table class="grid" id="probe-index"><tr><th>id</th>{head}</tr>{"".join(body)}</table>'
 
 
-def _render_matrix(report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]],
-                   comparison: Optional[Mapping[str, Any]],
-                   comparisons: Mapping[str, Mapping[str, Any]]) -> List[str]:
+def _render_matrix(report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]]) -> List[str]:
     m = _Matrix(report, probes)
     parts = [_summary_section(report, matrix=True), _matrix_run_section(report, m), _targets_table(m)]
-    if comparison is not None:  # one comparison for the whole matrix: not what the plugin passes
-        flat = {_record_key(pid, g): a for g in m.groups for pid, a in m.anchors[g].items()}
-        parts.append(_comparison_section(comparison, flat))
-    for i, name in enumerate(m.names):
-        baseline = comparisons.get(name)
-        if baseline is None and isinstance(m.targets[i].get("baseline"), Mapping):
-            baseline = m.targets[i]["baseline"]  # as the plugin stored it in the report
-        parts.append(_target_section(m, i, baseline))
+    for i, _ in enumerate(m.names):
+        baseline = m.targets[i].get("baseline")
+        parts.append(_target_section(m, i, baseline if isinstance(baseline, Mapping) else None))
     parts.append(f'<h2 id="probes">Probes ({len(probes)} on {len(m.names)} targets)</h2>')
     if not probes:
         parts.append('<p class="none">no probe ran</p>')
@@ -585,21 +552,16 @@ def _render_matrix(report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]
 
 # --------------------------------------------------------------------------- the page
 
-def render_html(report: Mapping[str, Any], comparison: Optional[ComparisonLike] = None, *,
-                comparisons: Optional[Mapping[str, ComparisonLike]] = None) -> str:
-    """The whole page for a report dict (the layout of ``build_report`` or ``build_matrix_report``).
-
-    ``comparison`` is the ``to_dict()`` of a :class:`~pytest_cachecheck.baseline.Comparison` (a
-    Comparison object is accepted too): a one-server report's baseline comparison. ``comparisons``
-    maps a target-matrix report's target names to each target's baseline comparison; a target not in
-    it shows the ``baseline`` its entry of the report holds, if any. Missing report fields are shown as
-    ``?``, not an error.
-    """
-    comparison = _comparison_dict(comparison)
-    probes = [p for p in (report.get("probes") or []) if isinstance(p, Mapping)]
-    matrix = isinstance(report.get("targets"), Sequence) and not isinstance(report.get("targets"), str) \
-        and any(isinstance(t, Mapping) for t in report.get("targets") or [])
-    summary = _map(report, "summary")
+def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None) -> str:
+    """The whole page for a run report; ``scrub`` (e.g. ``Redactor.scrub``) is applied to every string of
+    the report before rendering, and to the finished page."""
+    data: Mapping[str, Any] = report.to_json()
+    if scrub is not None:
+        data = scrubbed(data, scrub)
+    comparison = data.get("baseline") if isinstance(data.get("baseline"), Mapping) else None
+    probes = [p for p in (data.get("probes") or []) if isinstance(p, Mapping)]
+    matrix = report.matrix
+    summary = _map(data, "summary")
     title = f"pytest-cachecheck: {summary.get('status') or 'report'}"
     intro = ("Each probe is a two-turn conversation; its turn-2 answer is computed once reusing "
              "the server's prompt cache and once recomputed from scratch. A valid probe whose two answers "
@@ -618,12 +580,13 @@ def render_html(report: Mapping[str, Any], comparison: Optional[ComparisonLike] 
         f'<p class="why">{intro}</p>',
     ]
     if matrix:
-        parts += _render_matrix(report, probes, comparison, _comparison_dicts(comparisons))
+        parts += _render_matrix(data, probes)
     else:
-        parts += _render_single(report, probes, comparison)
+        parts += _render_single(data, probes, comparison)
     parts.append('<p class="footer">Self-contained page written by pytest-cachecheck: no scripts, '
                  "no external resources.</p></body></html>")
-    return "\n".join(parts) + "\n"
+    text = "\n".join(parts) + "\n"
+    return scrub(text) if scrub is not None else text
 
 
 def _render_single(report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]],
@@ -648,20 +611,6 @@ def _render_single(report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]
     return parts
 
 
-def write_html(path: str, report: Mapping[str, Any], comparison: Optional[ComparisonLike] = None,
-               scrub: Optional[Callable[[str], str]] = None, *,
-               comparisons: Optional[Mapping[str, ComparisonLike]] = None) -> None:
-    """Render and write the page atomically: a temporary file beside ``path``, then ``os.replace``.
-
-    ``comparison`` and ``comparisons`` are those of :func:`render_html`. ``scrub`` (e.g.
-    ``Redactor.scrub``) is applied to every string of the report and comparisons before rendering, and
-    to the finished page.
-    """
-    if scrub is not None:
-        report = _scrub_deep(report, scrub)
-        comparison = _scrub_deep(_comparison_dict(comparison), scrub)
-        comparisons = {str(k): _scrub_deep(v, scrub) for k, v in _comparison_dicts(comparisons).items()}
-    text = render_html(report, comparison, comparisons=comparisons)
-    if scrub is not None:
-        text = scrub(text)
-    write_text_atomic(path, text, ".html.tmp")
+def write_html(path: str, report: RunReport, scrub: Optional[Callable[[str], str]] = None) -> None:
+    """Render and write the page atomically: a temporary file beside ``path``, then ``os.replace``."""
+    write_text_atomic(path, render_html(report, scrub), ".html.tmp")

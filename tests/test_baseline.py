@@ -4,54 +4,58 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
 from pytest_cachecheck.baseline import (
-    STATUSES,
+    Baseline,
     BaselineError,
-    Comparison,
+    baseline_for,
     compare,
-    fingerprint_env,
+    env_of,
     load_baseline,
-    mcnemar_exact,
     should_fail,
 )
-from pytest_cachecheck.report import Verdict, build_report
+from pytest_cachecheck.model import (
+    STATUSES,
+    Comparison,
+    Outcome,
+    ProbeRecord,
+    ProbeSet,
+    ReportError,
+    RunReport,
+    Setup,
+    Status,
+    Tally,
+    Verdict,
+)
+from pytest_cachecheck.settings import Settings
+from pytest_cachecheck.stats import mcnemar_exact
+from pytest_cachecheck.terminal import comparison_lines, matrix_lines
+from tests.support import factories as f
 from tests.support.emulator import Emulator
 
 
-def rec(pid: str, outcome: str, fp: Optional[str] = None) -> Dict[str, Any]:
-    """A per-probe record in the layout of ProbeResult.to_dict (only what the comparison reads, mostly)."""
-    return {"id": pid, "source": "test", "fingerprint": fp or f"sha256:{pid}", "outcome": outcome,
-            "reason": "" if outcome == "same" else f"{outcome} reason", "divergence": None, "checks": {},
-            "answers": {"turn1": ["a", "a"], "cache": ["b", "b"], "recompute": ["b", "b"]},
-            "requests": [], "duration_s": 0.1}
+def rec(pid: str, outcome: str, fp: Optional[str] = None, target: Optional[str] = None) -> ProbeRecord:
+    """A real probe record (a different one has two answers that differ)."""
+    if outcome == "different":
+        return f.record(pid, outcome, fingerprint=fp, target=target, cache="the answer is 42",
+                        recompute="the answer is 41")
+    return f.record(pid, outcome, fingerprint=fp, target=target)
 
 
-def run_info(**settings: Any) -> Dict[str, Any]:
-    base: Dict[str, Any] = {
-        "url": "http://127.0.0.1:8000", "mode": "auto", "nocache_url": None, "model": None, "probe_files": [],
-        "n": None, "max_tokens": 256, "hit_tolerance": 32, "skip_hit_check": False, "api_key_set": False,
-        "timeout": 300.0, "min_valid": 0.8}
-    base.update(settings)
-    return {"settings": base, "mode": "one-server",
-            "server": {"kind": "vllm", "build": "0.34.0", "model": "emu/tiny-chat", "details": {}},
-            "nocache_server": None,
-            "probe_set": {"name": "builtin", "count": 20, "fingerprint": "sha256:" + "ab" * 32}}
+def env(s: Optional[Settings] = None, setup: Optional[Setup] = None,
+        probe_set: ProbeSet = f.PROBE_SET) -> Dict[str, Any]:
+    """The environment of a run with these settings and this setup (the factories' defaults)."""
+    return env_of((s or f.settings()).public(), setup or f.setup(), probe_set)
 
 
-def report(records: List[Dict[str, Any]], run: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    return build_report(run or run_info(), records, [r["id"] for r in records],
-                        Verdict("passed", True, "test"), 0)
-
-
-def cmp(before: List[Dict[str, Any]], after: List[Dict[str, Any]],
-        run_before: Optional[Dict[str, Any]] = None,
-        run_after: Optional[Dict[str, Any]] = None) -> Comparison:
-    return compare(report(before, run_before), run_after or run_info(), after)
+def cmp(before: List[ProbeRecord], after: List[ProbeRecord],
+        after_env: Optional[Dict[str, Any]] = None) -> Comparison:
+    return compare(f.baseline(before), after, after_env or env())
 
 
 def statuses(c: Comparison) -> Dict[str, str]:
@@ -97,7 +101,7 @@ def test_rows_sorted_by_importance() -> None:
     c = cmp(before, after)
     assert [r.status for r in c.rows] == ["newly diverged", "still different", "newly inconclusive", "healed",
                                           "still same"]
-    lines = c.lines(verbose=True)
+    lines = comparison_lines(c, verbose=True)
     table = [ln for ln in lines if ln.startswith("  ") and not ln.startswith("  id")]
     assert table[0].split()[0] == "b" and table[0].endswith("newly diverged")
 
@@ -115,7 +119,7 @@ def test_baseline_with_errors_only() -> None:
     assert should_fail(c, "new-divergence")[0] is False
     ok, why = should_fail(c, "rate-increase")
     assert ok is False and "baseline has no valid probe" in why
-    assert "n/a" in "\n".join(c.lines())
+    assert "n/a" in "\n".join(comparison_lines(c))
 
 
 # --------------------------------------------------------------------------- verdicts
@@ -211,17 +215,26 @@ def test_comparison_reports_mcnemar_on_discordant_pairs() -> None:
     c = cmp(before, after)
     assert (c.b, c.c) == (10, 2)
     assert c.mcnemar_p == pytest.approx(0.0386, abs=5e-5)
-    assert "0.0386" in c.verdict_line()
+    verdict_line = next(ln for ln in comparison_lines(c) if ln.startswith("baseline verdict:"))
+    assert "exact McNemar p = 0.0386" in verdict_line
 
 
 # --------------------------------------------------------------------------- environment
 
-def test_fingerprint_env_reads_report_layout() -> None:
-    env = fingerprint_env(report([rec("a", "same")]))
-    assert env == {"server_kind": "vllm", "server_build": "0.34.0", "model": "emu/tiny-chat",
-                   "mode": "one-server", "max_tokens": 256, "hit_tolerance": 32, "skip_hit_check": False,
-                   "probe_set": "sha256:" + "ab" * 32}
-    assert fingerprint_env({}) == dict.fromkeys(env)
+def test_env_of_reads_settings_setup_and_probe_set() -> None:
+    expected = {"server_kind": "vllm", "server_build": "0.34.0", "model": "emu/tiny-chat",
+                "mode": "one-server", "max_tokens": 256, "hit_tolerance": 32, "skip_hit_check": False,
+                "probe_set": "sha256:" + "ab" * 32}
+    assert env() == expected
+    # the same from a report as written and read back (what a baseline file gives)
+    loaded = RunReport.from_json(json.loads(json.dumps(f.report([rec("a", "same")]).to_json())))
+    assert env_of(loaded.settings, loaded.targets[0].setup, loaded.probe_set) == expected
+    assert baseline_for(loaded, None).env == expected
+    assert env_of({}, None, None) == dict.fromkeys(expected)
+    # without a resolved setup: the configured mode and model
+    assert env_of(f.settings(mode="two-servers", model="m/x").public(), Setup(None, None), None) == \
+        {**dict.fromkeys(expected), "mode": "two-servers", "model": "m/x", "max_tokens": 256,
+         "hit_tolerance": 32, "skip_hit_check": False}
 
 
 def test_no_env_warnings_when_nothing_changed() -> None:
@@ -229,11 +242,10 @@ def test_no_env_warnings_when_nothing_changed() -> None:
 
 
 def test_env_warnings_and_notes() -> None:
-    after = run_info(max_tokens=128, hit_tolerance=0, skip_hit_check=True)
-    after["server"] = {"kind": "sglang", "build": "0.5.23", "model": "other/model"}
-    after["mode"] = "two-servers"
-    after["probe_set"] = {"name": "mine", "count": 3, "fingerprint": "sha256:" + "cd" * 32}
-    c = cmp([rec("a", "same")], [rec("a", "same")], run_after=after)
+    after = env(f.settings(max_tokens=128, hit_tolerance=0, skip_hit_check=True),
+                f.setup(kind="sglang", build="0.5.23", model="other/model", mode="two-servers"),
+                ProbeSet("mine", 3, "sha256:" + "cd" * 32))
+    c = cmp([rec("a", "same")], [rec("a", "same")], after)
     w = c.env_warnings
     assert "warning: max_tokens changed: 256 -> 128; comparisons may not be like for like" in w
     assert "warning: hit_tolerance changed: 32 -> 0; comparisons may not be like for like" in w
@@ -245,13 +257,11 @@ def test_env_warnings_and_notes() -> None:
     assert any(x.startswith("warning: probe set fingerprint changed: sha256:abababababab -> "
                             "sha256:cdcdcdcdcdcd;") for x in w)
     assert len(w) == 8
-    assert all(x in c.lines() for x in w)
+    assert all(x in comparison_lines(c) for x in w)
 
 
 def test_only_build_change_gives_notes_only() -> None:
-    after = run_info()
-    after["server"]["build"] = "0.35.0"
-    c = cmp([rec("a", "same")], [rec("a", "same")], run_after=after)
+    c = cmp([rec("a", "same")], [rec("a", "same")], env(setup=f.setup(build="0.35.0")))
     assert c.env_warnings == ["note: server build changed: 0.34.0 -> 0.35.0 (expected in an upgrade)"]
 
 
@@ -259,9 +269,12 @@ def test_only_build_change_gives_notes_only() -> None:
 
 def test_load_baseline_roundtrip(tmp_path: Path) -> None:
     path = tmp_path / "base.json"
-    data = report([rec("a", "same"), rec("b", "different")])
+    report = f.report([rec("a", "same"), rec("b", "different")])
+    data = report.to_json()
     path.write_text(json.dumps(data), encoding="utf-8")
-    assert load_baseline(str(path)) == data
+    loaded = load_baseline(str(path))
+    assert loaded.to_json() == data
+    assert loaded == report
 
 
 def test_load_baseline_missing_file(tmp_path: Path) -> None:
@@ -298,7 +311,11 @@ def test_load_baseline_not_utf8(tmp_path: Path) -> None:
     ({"schema_version": "1", "probes": []}, "unsupported schema_version '1'"),
     ({"schema_version": True, "probes": []}, "unsupported schema_version True"),
     ({"schema_version": 1}, "no 'probes' list"),
-    ({"schema_version": 1, "probes": [{"id": "a"}]}, "probe 0 .* no string 'id' and 'outcome'"),
+    # a damaged probe: the error names the field (it named "probe 0 ... no string 'id' and 'outcome'")
+    ({"schema_version": 1, "probes": [{"id": "a"}]},
+     r"field 'probes\[0\]\.outcome': expected a string, got null"),
+    ({"schema_version": 1, "probes": [{"outcome": "same"}]}, r"field 'probes\[0\]\.id': expected a string"),
+    ({"schema_version": 1, "probes": ["a"]}, r"field 'probes\[0\]': expected an object, got str"),
 ])
 def test_load_baseline_wrong_content(tmp_path: Path, content: Any, message: str) -> None:
     path = tmp_path / "wrong.json"
@@ -307,6 +324,68 @@ def test_load_baseline_wrong_content(tmp_path: Path, content: Any, message: str)
         load_baseline(str(path))
     assert str(info.value).startswith(str(path))
     assert isinstance(info.value, ValueError)
+
+
+def _damaged(edit: Callable[[Dict[str, Any]], None], matrix: bool = False) -> Dict[str, Any]:
+    """A report as the plugin writes it, with one field broken by ``edit``."""
+    if matrix:
+        data = f.report(targets={"a": [rec("p1", "same", target="a")],
+                                 "b": [rec("p1", "different", target="b")]}).to_json()
+    else:
+        data = f.report([rec("p1", "same"), rec("p2", "different")],
+                        baselines={None: f.baseline([rec("p1", "same"), rec("p2", "same")])}).to_json()
+    edit(data)
+    return data
+
+
+@pytest.mark.parametrize("edit, matrix, field", [
+    (lambda d: d["probes"][1].update(outcome="weird"), False,
+     r"probes\[1\]\.outcome': unknown value 'weird'"),
+    (lambda d: d["probes"][0]["requests"][2].update(prompt_tokens="20"), False,
+     r"probes\[0\]\.requests\[2\]\.prompt_tokens': expected a whole number, got str"),
+    (lambda d: d["probes"][1]["divergence"].update(char=None), False,
+     r"probes\[1\]\.divergence\.char': expected a whole number, got null"),
+    (lambda d: d["summary"].update(status="fine"), False, r"summary\.status': unknown value 'fine'"),
+    (lambda d: d.update(summary=[]), False, r"summary': expected an object, got list"),
+    (lambda d: d["baseline"]["rows"][0].update(id=7), False,
+     r"baseline\.rows\[0\]\.id': expected a string, got int"),
+    (lambda d: d.update(setup_warnings="one"), False, r"setup_warnings': expected a list, got str"),
+    (lambda d: d["targets"][1].pop("name"), True, r"targets\[1\]\.name': expected a string, got null"),
+    (lambda d: d["targets"].append("junk"), True, r"targets\[2\]': expected an object, got str"),
+    (lambda d: d["targets"][1]["summary"].update(probes=1.5), True,
+     r"targets\[1\]\.summary\.probes': expected a whole number, got float"),
+    (lambda d: d["targets"][1]["vs_reference"].update(mcnemar_p="1"), True,
+     r"targets\[1\]\.vs_reference\.mcnemar_p': expected a number, got str"),
+], ids=["outcome", "request", "divergence", "status", "summary", "baseline-row", "setup-warnings",
+        "target-name", "target-junk", "target-summary", "vs-reference"])
+def test_damaged_field_is_named(tmp_path: Path, edit: Callable[[Dict[str, Any]], None], matrix: bool,
+                                field: str) -> None:
+    """A report with one field of the wrong type or value: RunReport.from_json names the field, and
+    load_baseline names the file and the field."""
+    data = _damaged(edit, matrix)
+    with pytest.raises(ReportError, match="^field '" + field):
+        RunReport.from_json(data)
+    path = tmp_path / "damaged.json"
+    path.write_text(json.dumps(data), encoding="utf-8")
+    with pytest.raises(BaselineError, match=re.escape(f"{path}: field '") + field):
+        load_baseline(str(path))
+
+
+def test_partial_report_loads() -> None:
+    """Fields the comparison does not need may be missing: null lists, no setup, no probe set, no checks."""
+    data = {"schema_version": 1, "summary": {"status": "passed"},
+            "probes": [{"id": "a", "outcome": "same", "fingerprint": "sha256:a"},
+                       {"id": "b", "outcome": "different", "fingerprint": "sha256:b", "answers": None}]}
+    report = RunReport.from_json(data)
+    assert [(p.id, p.outcome) for p in report.probes] == [("a", Outcome.SAME), ("b", Outcome.DIFFERENT)]
+    assert report.probe_set == ProbeSet("?", 2, "") and report.checks == [] and not report.matrix
+    b = baseline_for(report, "any", "p.json")
+    assert compare(b, [rec("a", "different"), rec("b", "different")], env()).verdict == "regressed"
+
+
+def test_report_without_summary_loads() -> None:
+    report = RunReport.from_json({"schema_version": 1, "probes": [{"id": "a", "outcome": "same"}]})
+    assert report.summary.tally.probes == 1
 
 
 # --------------------------------------------------------------------------- policies
@@ -353,40 +432,40 @@ def test_should_fail_never_and_unknown() -> None:
 
 # --------------------------------------------------------------------------- output
 
-def test_lines_and_to_dict() -> None:
+def test_lines_and_to_json() -> None:
     before = [rec("a", "same"), rec("b", "same"), rec("c", "different"), rec("d", "same")]
     after = [rec("a", "same"), rec("b", "different"), rec("c", "different"), rec("e", "same")]
     c = cmp(before, after)
-    text = "\n".join(c.lines())
+    text = "\n".join(comparison_lines(c))
     assert "newly diverged" in text and "still different" in text and "not run" in text
     assert "(1 probe(s) still same; -v lists them)" in text
     assert "baseline verdict: regressed (1 newly diverged vs 0 healed" in text
     assert "exact McNemar p = 1.000" in text
     assert "divergence rate: baseline 25.0% (1/4" in text
-    verbose = "\n".join(c.lines(verbose=True))
+    verbose = "\n".join(comparison_lines(c, verbose=True))
     assert "still same" in verbose and "-v lists them" not in verbose
-    d = c.to_dict()
+    d = c.to_json()
     assert json.loads(json.dumps(d)) == d
     assert d["verdict"] == "regressed" and d["newly_diverged"] == ["b"] and d["still_different"] == ["c"]
     assert d["counts"]["not run"] == 1 and d["counts"]["new probe"] == 1
     assert d["baseline_rate"]["different"] == 1 and d["baseline_rate"]["valid"] == 4
     assert len(d["baseline_rate"]["ci95"]) == 2
-    assert c.baseline_ci95 == tuple(d["baseline_rate"]["ci95"])
-    assert c.current_ci95 is not None and c.current_ci95[0] < 1 / 3 < c.current_ci95[1]
+    assert c.baseline_rate is not None and c.baseline_rate.ci95 == tuple(d["baseline_rate"]["ci95"])
+    assert c.current_rate is not None and c.current_rate.ci95[0] < 1 / 3 < c.current_rate.ci95[1]
     assert [r["id"] for r in d["rows"]] == [r.id for r in c.rows]
 
 
 def test_long_ids_are_shortened_in_the_table() -> None:
     long_id = "x" * 80
     c = cmp([rec(long_id, "same")], [rec(long_id, "different")])
-    row = next(ln for ln in c.lines() if ln.endswith("newly diverged"))
+    row = next(ln for ln in comparison_lines(c) if ln.endswith("newly diverged"))
     assert "..." in row and len(row) < 100
 
 
 def test_baseline_is_not_modified() -> None:
-    base = report([rec("a", "same"), rec("b", "different")])
+    base = f.baseline([rec("a", "same"), rec("b", "different")])
     snapshot = copy.deepcopy(base)
-    compare(base, run_info(), [rec("a", "different")])
+    compare(base, [rec("a", "different")], env())
     assert base == snapshot
 
 
@@ -400,22 +479,22 @@ def test_real_runs_against_the_emulation(emulator: Callable[..., Emulator], tmp_
 
     probes = [p for p in builtin_probes() if p.id in ("bike-chain", "bread-rising", "tea-steeping")]
     assert len(probes) == 3
+    probe_set = ProbeSet("builtin", len(probes), probe_set_fingerprint(probes))
 
-    def measure(markers: set) -> Dict[str, Any]:
+    def measure(markers: set) -> RunReport:
         emu = emulator(diverge_on_hit=markers)
-        settings = Settings(url=emu.url)
+        settings = Settings(url=emu.url, replicas=(emu.url,))
         runner = Runner(settings)
-        records = [runner.run(p).to_dict() for p in probes]
-        run = {"settings": settings.public(), "probe_set": {"name": "builtin", "count": len(probes),
-                                                            "fingerprint": probe_set_fingerprint(probes)},
-               "mode": None, "server": None, "nocache_server": None}
-        run.update(runner.target().describe())
-        return build_report(run, records, [p.id for p in probes], Verdict("passed", True, ""), 0)
+        records = [runner.run(p) for p in probes]
+        assert runner.setup is not None
+        return f.report(records, s=settings, setup_=runner.setup.describe(), probe_set=probe_set)
 
     before, after = measure({"bicycle"}), measure({"bicycle", "bread"})
     path = tmp_path / "baseline.json"
-    path.write_text(json.dumps(before), encoding="utf-8")
-    c = compare(load_baseline(str(path)), after, after["probes"])
+    path.write_text(json.dumps(before.to_json()), encoding="utf-8")
+    t = after.targets[0]
+    c = compare(baseline_for(load_baseline(str(path)), None, str(path)), t.probes,
+                env_of(after.settings, t.setup, after.probe_set))
     assert statuses(c) == {"bread-rising": "newly diverged", "bike-chain": "still different",
                            "tea-steeping": "still same"}
     assert c.verdict == "regressed" and c.mcnemar_p == 1.0
@@ -426,68 +505,67 @@ def test_real_runs_against_the_emulation(emulator: Callable[..., Emulator], tmp_
 
 # --------------------------------------------------------------------------- target matrices
 
-def matrix_report() -> Dict[str, Any]:
-    from pytest_cachecheck.report import build_matrix_report
-
-    a = {"name": "f16", "url": "http://a:1", **build_report(run_info(), [rec("p1", "same"), rec("p2", "same")],
-                                                            ["p1", "p2"], Verdict("passed", True, "ok"), None)}
-    b = {"name": "q4", "url": "http://b:1", **build_report(run_info(), [rec("p1", "different"), rec("p2", "same")],
-                                                           ["p1", "p2"], Verdict("diverged", False, "1"), None)}
-    return build_matrix_report([a, b], Verdict("diverged", False, "q4: 1"), 1)
+def matrix_report() -> RunReport:
+    """f16: both probes the same; q4: p1 differs."""
+    return f.report(targets={"f16": [rec("p1", "same", target="f16"), rec("p2", "same", target="f16")],
+                             "q4": [rec("p1", "different", target="q4"), rec("p2", "same", target="q4")]},
+                    exit_status=1)
 
 
 def test_baseline_for_picks_the_target_of_a_matrix_report() -> None:
-    from pytest_cachecheck.baseline import baseline_for
-
-    data = matrix_report()
-    q4 = baseline_for(data, "q4", "m.json")
-    assert [(p["id"], p["outcome"]) for p in q4["probes"]] == [("p1", "different"), ("p2", "same")]
-    assert q4["summary"]["different"] == 1 and q4["schema_version"] == 1
-    with pytest.raises(BaselineError, match="m.json: the baseline's targets are f16, q4; it has no target 'bf16'"):
-        baseline_for(data, "bf16", "m.json")
+    report = matrix_report()
+    loaded = RunReport.from_json(json.loads(json.dumps(report.to_json())))  # as load_baseline reads it
+    q4 = baseline_for(loaded, "q4", "m.json")
+    assert [(p.id, p.outcome) for p in q4.records] == [("p1", "different"), ("p2", "same")]
+    assert Tally.of(q4.records).different == 1
+    assert q4.env == env(setup=report.target("q4").setup) and q4.created == report.created
+    with pytest.raises(BaselineError,
+                       match="m.json: the baseline's targets are f16, q4; it has no target 'bf16'"):
+        baseline_for(loaded, "bf16", "m.json")
     with pytest.raises(BaselineError, match="m.json: a target-matrix report"):
-        baseline_for(data, None, "m.json")
-    one = build_report(run_info(), [rec("p1", "same")], ["p1"], Verdict("passed", True, "ok"), None)
-    assert baseline_for(one, "q4") == one  # a one-server report serves every target
-    assert compare(q4, run_info(), [rec("p1", "different"), rec("p2", "different")]).verdict == "regressed"
+        baseline_for(loaded, None, "m.json")
+    one = f.report([rec("p1", "same")])
+    # a one-server report serves every target
+    assert baseline_for(one, "q4") == baseline_for(one, None) == Baseline(one.probes, env(), one.created)
+    assert compare(q4, [rec("p1", "different"), rec("p2", "different")], env()).verdict == "regressed"
 
 
 def test_matrix_report_sums_counts_and_keeps_rates_per_target() -> None:
-    data = matrix_report()
+    report = matrix_report()
+    data = report.to_json()
     assert data["summary"]["probes"] == 4 and data["summary"]["different"] == 1
     assert data["summary"]["rate"] is None and data["summary"]["rate_ci95"] is None
     assert [t["summary"]["rate"] for t in data["targets"]] == [0.0, 0.5]
     assert [p["target"] for p in data["probes"]] == ["f16", "f16", "q4", "q4"]
     assert all("probes" not in t and "schema_version" not in t for t in data["targets"])
+    assert report.summary.rate is None and report.summary.tally.probes == 4
+    assert RunReport.from_json(json.loads(json.dumps(data))).to_json() == data
 
 
 def test_combine_verdicts() -> None:
-    from pytest_cachecheck.report import combine_verdicts
+    from pytest_cachecheck.run import combine_verdicts
 
-    ok, bad = Verdict("passed", True, "fine"), Verdict("diverged", False, "2 differed")
-    assert combine_verdicts([("a", ok), ("b", ok)]) == Verdict("passed", True, "a: fine; b: fine")
-    assert combine_verdicts([("a", ok), ("b", bad), ("c", Verdict("errors", False, "1 error"))]) == \
-        Verdict("diverged", False, "b: 2 differed; c: 1 error")
-    none = Verdict("no-probes", True, "no probe ran")
+    ok, bad = Verdict(Status.PASSED, True, "fine"), Verdict(Status.DIVERGED, False, "2 differed")
+    assert combine_verdicts([("a", ok), ("b", ok)]) == Verdict(Status.PASSED, True, "a: fine; b: fine")
+    assert combine_verdicts([("a", ok), ("b", bad), ("c", Verdict(Status.ERRORS, False, "1 error"))]) == \
+        Verdict(Status.DIVERGED, False, "b: 2 differed; c: 1 error")
+    none = Verdict(Status.NO_PROBES, True, "no probe ran")
     assert combine_verdicts([("a", none), ("b", none)]).status == "no-probes"
-    assert combine_verdicts([("a", none), ("b", ok)]) == Verdict("passed", True, "b: fine")
+    assert combine_verdicts([("a", none), ("b", ok)]) == Verdict(Status.PASSED, True, "b: fine")
 
 
 def test_matrix_lines_pair_each_target_with_the_first() -> None:
-    from pytest_cachecheck.report import matrix_lines
-
-    data = matrix_report()
-    data["targets"][1]["vs_reference"] = compare(baseline_for_first(data), run_info(),
-                                                 [p for p in data["probes"] if p["target"] == "q4"]).to_dict()
-    lines = matrix_lines(data["targets"])
+    report = matrix_report()
+    q4 = report.target("q4")
+    assert q4.vs_reference is not None and (q4.vs_reference.b, q4.vs_reference.c) == (1, 0)
+    assert report.target("f16").vs_reference is None
+    lines = matrix_lines(report.targets)
     assert lines[0].split()[:3] == ["target", "server", "valid"] and lines[0].endswith("vs f16")
     assert lines[1].split()[0] == "f16" and lines[1].endswith("(reference)")
     assert "50.0%" in lines[2] and "1 diverged only here, 0 only on f16; McNemar p = 1.000" in lines[2]
-    data["targets"][0]["summary"]["probes"] = 0  # the reference ran nothing (deselected)
-    assert matrix_lines(data["targets"])[2].endswith("n/a (f16 ran no probe)")
-
-
-def baseline_for_first(data: Dict[str, Any]) -> Dict[str, Any]:
-    from pytest_cachecheck.baseline import baseline_for
-
-    return baseline_for(data, "f16")
+    # the reference ran nothing (its probes deselected)
+    deselected = f.report(targets={"f16": [], "q4": [rec("p1", "different", target="q4")]})
+    assert deselected.target("q4").vs_reference is None
+    lines = matrix_lines(deselected.targets)
+    assert lines[1].endswith("not run (no probe of this target was selected)")
+    assert lines[2].endswith("n/a (f16 ran no probe)")

@@ -8,10 +8,9 @@ import pytest
 import requests
 import responses
 
-from pytest_cachecheck.clients import LlamaCppClient, OpenAICompatClient
+from pytest_cachecheck.clients import CLIENTS, LlamaCppClient, detect_server
 from pytest_cachecheck.clients.base import ServerInfo
 from pytest_cachecheck.clients.http import Http
-from pytest_cachecheck.detect import detect_server
 from pytest_cachecheck.errors import RequestError, ServerSetupError
 
 URL = "http://127.0.0.1:8080"
@@ -34,8 +33,8 @@ def llama(http=None):
     return LlamaCppClient(http or Http(URL), ServerInfo(kind="llama.cpp"))
 
 
-def oai(kind="vllm"):
-    return OpenAICompatClient(Http(URL), ServerInfo(kind=kind, model="m1"))
+def oai(kind="vllm", details=None):
+    return CLIENTS[kind](Http(URL), ServerInfo(kind=kind, model="m1", details=details or {}))
 
 
 @responses.activate
@@ -132,7 +131,7 @@ def test_detect_llama_server():
     responses.get(URL + "/props", json={"build_info": "b9999-abc", "total_slots": 1,
                                         "model_path": "/m/tiny.gguf",
                                         "default_generation_settings": {"n_ctx": 4096}})
-    info = detect_server(Http(URL), None)
+    info = detect_server(Http(URL), None).info
     assert (info.kind, info.build, info.model) == ("llama.cpp", "b9999-abc", "tiny.gguf")
     assert info.details["total_slots"] == 1
 
@@ -142,7 +141,7 @@ def test_detect_sglang_and_vllm_and_generic():
     responses.get(URL + "/props", status=404)
     responses.get(URL + "/server_info", json={"page_size": 1, "version": "0.5.23"})
     responses.get(URL + "/v1/models", json={"data": [{"id": "qwen"}]})
-    info = detect_server(Http(URL), None)
+    info = detect_server(Http(URL), None).info
     assert (info.kind, info.build, info.model) == ("sglang", "0.5.23", "qwen")
 
     responses.reset()
@@ -155,7 +154,7 @@ def test_detect_sglang_and_vllm_and_generic():
     responses.get(URL + "/v1/models", json={"data": [{"id": "a"}, {"id": "b"}]})
     with pytest.raises(ServerSetupError, match="several models.*a, b"):
         detect_server(Http(URL), None)
-    info = detect_server(Http(URL), "b")
+    info = detect_server(Http(URL), "b").info
     assert info.kind == "vllm" and info.details == {"block_size": 64, "enable_prefix_caching": True}
     with pytest.raises(ServerSetupError, match="'c' is not served.*a, b"):
         detect_server(Http(URL), "c")
@@ -173,7 +172,7 @@ def test_detect_refused_credentials():
 def test_sglang_null_details_mean_zero_only_with_reporting_on(reporting, expected):
     responses.post(CHAT, json=chat_body(cached=None))
     details = {} if reporting is None else {"enable_cache_report": reporting}
-    client = OpenAICompatClient(Http(URL), ServerInfo(kind="sglang", model="m1", details=details))
+    client = oai("sglang", details)
     assert client.chat(MSGS, max_tokens=8, cache={}).cached_tokens == expected
 
 

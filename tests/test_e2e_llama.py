@@ -267,15 +267,14 @@ def test_misconfigured_llama_server_is_caught(plugin_run, llama_servers, flags, 
 def test_host_cache_check_passes_with_cache_ram_0(llama_servers):
     """The control for the host-memory cache check: with --cache-ram 0 (the plugin's own start flags) the
     same three requests find no restored prompt, and the check says what it measured."""
-    from pytest_cachecheck.checks import Findings, host_cache
-    from pytest_cachecheck.clients.llama_cpp import LlamaCppClient
+    from pytest_cachecheck.clients import Findings, LlamaCppClient, detect_server
     from pytest_cachecheck.clients.http import Http
-    from pytest_cachecheck.detect import detect_server
 
     http = Http(llama_servers("f32").url, timeout=120)
-    client = LlamaCppClient(http, detect_server(http, None))
+    client = detect_server(http, None)
+    assert isinstance(client, LlamaCppClient)
     found = Findings()
-    host_cache(client, found)
+    client.check_host_cache(found)
     assert found.problems == [] and len(found.notes) == 1, found
     print(f"\nMEASURED host-memory cache check, --cache-ram 0: {found.notes[0]}")
 

@@ -15,54 +15,41 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
-from pytest_cachecheck.baseline import compare
+from pytest_cachecheck.baseline import Baseline
 from pytest_cachecheck.htmlreport import render_html, write_html
-from pytest_cachecheck.protocol import excerpt, first_difference
-from pytest_cachecheck.redact import Redactor
-from pytest_cachecheck.report import Verdict, build_matrix_report, build_report
+from pytest_cachecheck.model import ProbeRecord, ReportError, RunReport
+from pytest_cachecheck.redact import Redactor, display_url
+from pytest_cachecheck.run import TargetInput, summarise
+from tests.support import factories as f
 
 SCRIPT = "<script>alert('x')</script>"
+URL = "http://gpu-box:8000/v1"
 
 
-def rec(pid: str, outcome: str, cache: Optional[str] = "the same answer",
-        recompute: Optional[str] = "the same answer", reason: str = "") -> Dict[str, Any]:
-    """A record in the layout of ProbeResult.to_dict, with a real divergence when the answers differ."""
-    div = None
-    if outcome == "different" and cache is not None and recompute is not None:
-        at = first_difference(cache, recompute)
-        assert at is not None
-        div = {"char": at, "token": 3, "cache_excerpt": excerpt(cache, at),
-               "recompute_excerpt": excerpt(recompute, at)}
-        reason = reason or f"cache path and recompute path gave different turn-2 answers, from character {at}"
-    return {"id": pid, "source": "test:1", "fingerprint": f"sha256:{pid}", "outcome": outcome,
-            "reason": reason, "divergence": div, "checks": {},
-            "answers": {"turn1": ["turn one", "turn one"], "cache": [cache, cache],
-                        "recompute": [recompute, recompute]},
-            "requests": [], "duration_s": 0.25}
+def make_report(records: List[ProbeRecord], url: str = URL, **kwargs: Any) -> RunReport:
+    """The run report of these records, measured on one server at ``url`` (an API key set)."""
+    s = f.settings(url=url, replicas=(url,), api_key="sk-test-key-0000")
+    return f.report(records, exit_status=1, s=s, **kwargs)
 
 
-def make_report(records: List[Dict[str, Any]], url: str = "http://gpu-box:8000/v1") -> Dict[str, Any]:
-    settings: Dict[str, Any] = {
-        "url": url, "mode": "auto", "nocache_url": None, "model": None, "probe_files": [], "n": None,
-        "max_tokens": 256, "hit_tolerance": 32, "skip_hit_check": False, "api_key_set": True,
-        "timeout": 300.0, "min_valid": 0.8}
-    run = {"settings": settings, "mode": "one-server",
-           "server": {"kind": "vllm", "build": "0.34.0", "model": "emu/tiny-chat", "details": {}},
-           "nocache_server": None,
-           "probe_set": {"name": "builtin", "count": len(records), "fingerprint": "sha256:" + "ab" * 32}}
-    return build_report(run, records, [r["id"] for r in records],
-                        Verdict("diverged", False, "1 valid probe(s) gave a different turn-2 answer"), 1)
+def sample_records() -> List[ProbeRecord]:
+    return [
+        f.record("alpha-probe", "different", cache="Hello world, the answer is 42.",
+                 recompute="Hello world, the answer is 41."),
+        f.record("beta-probe", "same"),
+        f.record("gamma-probe", "inconclusive", cache="x", recompute="y",
+                 reason="inconclusive: the two cache runs gave different turn-2 answers (from character 0)"),
+        f.record("delta-probe", "error", cache=None, recompute=None, reason="connection refused"),
+    ]
 
 
-def sample() -> Dict[str, Any]:
-    return make_report([
-        rec("alpha-probe", "different", cache="Hello world, the answer is 42.",
-            recompute="Hello world, the answer is 41."),
-        rec("beta-probe", "same"),
-        rec("gamma-probe", "inconclusive", cache="x", recompute="y",
-            reason="inconclusive: the two cache runs gave different turn-2 answers (from character 0)"),
-        rec("delta-probe", "error", cache=None, recompute=None, reason="connection refused"),
-    ])
+def sample(**kwargs: Any) -> RunReport:
+    return make_report(sample_records(), **kwargs)
+
+
+def loaded(report: RunReport) -> RunReport:
+    """The report as written to JSON and read back."""
+    return RunReport.from_json(json.loads(json.dumps(report.to_json())))
 
 
 # --------------------------------------------------------------------------- unit tests
@@ -84,88 +71,101 @@ def test_page_is_self_contained() -> None:
 
 def test_rate_uses_summary() -> None:
     report = sample()
-    assert report["summary"]["valid"] == 2 and report["summary"]["rate"] == 0.5
+    assert report.summary.tally.valid == 2 and report.summary.rate is not None
+    assert report.summary.rate.value == 0.5
     page = render_html(report)
     assert "divergence rate <b>50.0%</b> (1 of 2 valid probes)" in page
 
 
 def test_conversation_text_is_escaped() -> None:
     report = make_report([
-        rec(f"id-{SCRIPT}", "different", cache=f"same start {SCRIPT} tail", recompute=f"same start {SCRIPT}"),
-        rec("b", "same", cache=SCRIPT, recompute=SCRIPT, reason=SCRIPT),
-    ])
-    report["server"]["model"] = SCRIPT
-    report["summary"]["why"] = SCRIPT
+        f.record(f"id-{SCRIPT}", "different", cache=f"same start {SCRIPT} tail",
+                 recompute=f"same start {SCRIPT}"),
+        f.record("b", "same", cache=SCRIPT, recompute=SCRIPT, reason=SCRIPT),
+    ], setup_=f.setup(model=SCRIPT))
+    report.summary.why = SCRIPT
     page = render_html(report)
     assert "<script" not in page.lower()
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
+    escaped = "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"
+    assert f"vllm 0.34.0 | model {escaped}" in page and f'<span class="why">{escaped}</span>' in page
     # the answer that ends where the other goes on gets an explicit end marker
     assert '<mark class="end">(end of answer)</mark>' in page
 
 
 def test_highlight_starts_at_the_divergence() -> None:
-    page = render_html(make_report([rec("p", "different", cache="Hello world, the answer is 42.",
-                                        recompute="Hello world, the answer is 41.")]))
+    page = render_html(make_report([f.record("p", "different", cache="Hello world, the answer is 42.",
+                                             recompute="Hello world, the answer is 41.")]))
     assert "<pre>Hello world, the answer is 4<mark>2.</mark></pre>" in page
     assert "<pre>Hello world, the answer is 4<mark>1.</mark></pre>" in page
     assert "first difference at character 28 (token 3)" in page
 
 
 def test_highlight_escapes_both_parts() -> None:
-    page = render_html(make_report([rec("p", "different", cache="a<b & c>d", recompute="a<b & c>e")]))
+    page = render_html(make_report([f.record("p", "different", cache="a<b & c>d", recompute="a<b & c>e")]))
     assert "<pre>a&lt;b &amp; c&gt;<mark>d</mark></pre>" in page
 
 
 def test_highlight_without_divergence_field_is_computed() -> None:
-    r = rec("p", "different", cache="abcX", recompute="abcY")
-    r["divergence"] = None
+    r = f.record("p", "different", cache="abcX", recompute="abcY")
+    r.divergence = None
     page = render_html(make_report([r]))
     assert "<pre>abc<mark>X</mark></pre>" in page
 
 
 def test_no_highlight_for_same_and_inconclusive() -> None:
-    page = render_html(make_report([rec("s", "same"), rec("i", "inconclusive", cache="x", recompute="y")]))
+    page = render_html(make_report([f.record("s", "same"),
+                                    f.record("i", "inconclusive", cache="x", recompute="y")]))
     assert "<mark" not in page
 
 
 def test_no_credentials_leak() -> None:
+    # as the plugin writes it: Settings.public() strips the credentials and masks query values
+    url = "http://gpu-box:8000/v1?token=sekrit-token"
+    s = f.settings(url=url, replicas=(url,), nocache_url="http://user:pass@nocache:9000",
+                   api_key="sk-test-key-0000")
+    page = render_html(f.report(sample_records(), s=s))
+    assert "http://gpu-box:8000/v1?token=***" in page
+    assert "sekrit-token" not in page and "sk-test-key-0000" not in page
+    assert "user:pass" not in page and "nocache:9000" not in page
     report = sample()
-    report["settings"]["url"] = "http://gpu-box:8000/v1?token=***"
-    report["settings"]["nocache_url"] = "http://user:pass@nocache:9000"
-    report["settings"]["api_key_set"] = True
+    report.settings["url"] = "http://gpu-box:8000/v1?token=***"
+    report.settings["nocache_url"] = "http://user:pass@nocache:9000"
+    report.settings["api_key_set"] = True
     page = render_html(report)
     assert "http://gpu-box:8000/v1?token=***" in page
     assert "user:pass" not in page and "nocache:9000" not in page
     # even a URL with credentials in the settings (not what the plugin writes) is cleaned
-    report["settings"]["url"] = "http://user:pass@gpu-box:8000/v1"
+    report.settings["url"] = "http://user:pass@gpu-box:8000/v1"
     page = render_html(report)
     assert "user:pass" not in page and "http://gpu-box:8000/v1" in page
 
 
 def test_write_html_scrubs_secrets(tmp_path: Path) -> None:
     red = Redactor(["sk-very-secret"])
-    report = make_report([rec("p", "different", cache="key sk-very-secret <i>",
-                              recompute="key sk-very-other")])
+    report = make_report([f.record("p", "different", cache="key sk-very-secret <i>",
+                                   recompute="key sk-very-other")])
     path = tmp_path / "r.html"
     write_html(str(path), report, scrub=red.scrub)
     page = path.read_text(encoding="utf-8")
     assert "sk-very-secret" not in page and "***" in page
+    assert "<pre>key sk-very-<mark>secret &lt;i&gt;</mark></pre>" in render_html(report)  # there to scrub
 
 
 def test_comparison_table() -> None:
-    before = make_report([rec("alpha-probe", "same"), rec("beta-probe", "same"),
-                          rec("gone", "different", cache="a", recompute="b")])
-    current = sample()
-    comparison = compare(before, current, current["probes"]).to_dict()
-    page = render_html(current, comparison)
+    before = f.baseline([f.record("alpha-probe", "same"), f.record("beta-probe", "same"),
+                         f.record("gone", "different", cache="a", recompute="b")])
+    current = sample(baselines={None: before})  # the comparison the plugin makes, kept in the report
+    assert current.targets[0].baseline is not None
+    page = render_html(current)
     assert 'id="baseline"' in page and 'id="baseline-rows"' in page
     assert '<span class="badge b-regressed">regressed</span>' in page
     assert "exact McNemar p = 1.000" in page
     assert '<a href="#probe-0">alpha-probe</a></td><td>same</td><td>different</td>' in page
     assert "newly diverged" in page and "not run" in page
-    # a Comparison object is accepted as well
-    assert render_html(current, compare(before, current, current["probes"])) == page
-    assert 'id="baseline"' not in render_html(current)
+    # the report read back from its JSON carries the same comparison
+    assert render_html(loaded(current)) == page
+    assert 'id="baseline"' not in render_html(sample())
 
 
 def test_write_html_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -186,16 +186,23 @@ def test_write_html_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_sparse_report_renders() -> None:
-    page = render_html({"schema_version": 1, "probes": [{"id": "x", "outcome": "weird"}]})
-    assert "x" in page and "weird" in page
-    assert "no probe ran" in render_html({})
+    page = render_html(RunReport.from_json({"schema_version": 1, "summary": {"status": "passed"},
+                                            "probes": [{"id": "x", "outcome": "inconclusive"}]}))
+    assert "<h3>x</h3>" in page and "b-inconclusive" in page
+    assert "no probe ran" in render_html(make_report([]))
+    # an outcome this version does not know is no longer shown: reading the report names the field
+    with pytest.raises(ReportError, match=r"^field 'probes\[0\]\.outcome': unknown value 'weird'"):
+        RunReport.from_json({"schema_version": 1, "summary": {"status": "passed"},
+                             "probes": [{"id": "x", "outcome": "weird"}]})
+    with pytest.raises(ReportError, match="no schema_version"):
+        RunReport.from_json({})
 
 
 def test_single_report_shows_setup_warnings_and_checks() -> None:
     report = sample()
     assert 'id="setup-warnings"' not in render_html(report)  # none: no box
-    report["setup_warnings"] = [f"the chat template drops reasoning {SCRIPT}", "second warning"]
-    report["setup_checks"] = ["chat template: kept", f"host cache {SCRIPT}"]
+    report.targets[0].setup.setup_warnings = [f"the chat template drops reasoning {SCRIPT}", "second warning"]
+    report.targets[0].setup.setup_checks = ["chat template: kept", f"host cache {SCRIPT}"]
     page = render_html(report)
     run = page[page.index("<h2>Run</h2>"):page.index('<h2 id="probes">')]
     assert 'id="setup-warnings"' in run and "setup warnings (2)" in run
@@ -209,30 +216,26 @@ def test_single_report_shows_setup_warnings_and_checks() -> None:
 
 # --------------------------------------------------------------------------- target matrix
 
-def target_report(name: str, url: str, records: List[Dict[str, Any]], verdict: Verdict,
-                  warnings: Optional[List[str]] = None, kind: str = "vllm") -> Dict[str, Any]:
-    """One target's report, as the plugin's _TargetResult.report builds it."""
-    report = make_report(records, url=url)
-    report["summary"]["status"], report["summary"]["why"] = verdict.status, verdict.why
-    report["server"]["kind"] = kind
-    report["setup_warnings"] = list(warnings or [])
-    report["setup_checks"] = [f"chat template checked on {name}"]
-    return {"name": name, "url": url, **report}
-
-
-def matrix(url_b: str = "http://gpu-b:8000/v1", warnings_b: Optional[List[str]] = None) -> Dict[str, Any]:
-    """Target a: every probe the same; target b: alpha-probe differs. Probe ids repeat across targets."""
-    a = target_report("a", "http://gpu-a:8000/v1",
-                      [rec("alpha-probe", "same"), rec("beta-probe", "same")],
-                      Verdict("passed", True, "no valid probe differed"))
-    b = target_report("b", url_b,
-                      [rec("alpha-probe", "different", cache="Hello world, the answer is 42.",
-                           recompute="Hello world, the answer is 41."), rec("beta-probe", "same")],
-                      Verdict("diverged", False, "1 valid probe(s) gave a different turn-2 answer"),
-                      warnings=warnings_b, kind="sglang")
-    b["vs_reference"] = compare(a, b, b["probes"]).to_dict()  # as the plugin does
-    return build_matrix_report([a, b], Verdict("diverged", False, "b: 1 valid probe(s) gave a different "
-                                                                  "turn-2 answer"), 1)
+def matrix(url_b: str = "http://gpu-b:8000/v1", warnings_b: Optional[List[str]] = None,
+           baselines: Optional[Dict[Optional[str], Baseline]] = None) -> RunReport:
+    """Target a (vllm): every probe the same; target b (sglang): alpha-probe differs. Probe ids repeat
+    across targets. Built as the plugin builds it: records per target, then ``summarise``."""
+    url_a = "http://gpu-a:8000/v1"
+    s = f.settings(url=url_a, replicas=(url_a,), targets=(("a", url_a), ("b", url_b)))
+    setups = {"a": f.setup(setup_checks=["chat template checked on a"]),
+              "b": f.setup(kind="sglang", setup_warnings=list(warnings_b or []),
+                           setup_checks=["chat template checked on b"])}
+    records = [f.record("alpha-probe", "same", target="a", url=display_url(url_a)),
+               f.record("beta-probe", "same", target="a", url=display_url(url_a)),
+               f.record("alpha-probe", "different", target="b", url=display_url(url_b),
+                        cache="Hello world, the answer is 42.", recompute="Hello world, the answer is 41."),
+               f.record("beta-probe", "same", target="b", url=display_url(url_b))]
+    inputs = [TargetInput(name, url, setups[name]) for name, url in s.targets]
+    result = summarise(s, f.PROBE_SET, ["alpha-probe", "beta-probe"], inputs, {r.key: r for r in records}, [],
+                       None, baselines or {}, False)
+    report = result.report(1)
+    report.created = "2026-12-05T00:00:00Z"
+    return report
 
 
 def element_ids(page: str) -> List[str]:
@@ -325,8 +328,8 @@ def test_matrix_target_urls_are_scrubbed(tmp_path: Path) -> None:
     # through write_html with the plugin's redactor: every secret it knows of goes, everywhere
     red = Redactor(["sk-api-key-123"])
     red.add_url("http://alice:hunter22@gpu-b:8000/v1?api_key=sk-query-secret")
-    report["targets"][1]["setup_warnings"] = ["the server echoed sk-api-key-123 and hunter22"]
-    report["probes"][0]["reason"] = "saw http://bob:pw-in-text@elsewhere:1/ and sk-query-secret"
+    report.targets[1].setup.setup_warnings = ["the server echoed sk-api-key-123 and hunter22"]
+    report.probes[0].reason = "saw http://bob:pw-in-text@elsewhere:1/ and sk-query-secret"
     path = tmp_path / "m.html"
     write_html(str(path), report, scrub=red.scrub)
     text = path.read_text(encoding="utf-8")
@@ -336,10 +339,10 @@ def test_matrix_target_urls_are_scrubbed(tmp_path: Path) -> None:
 
 
 def test_matrix_baseline_comparisons_per_target(tmp_path: Path) -> None:
-    report = matrix()
-    old_b = make_report([rec("alpha-probe", "same"), rec("beta-probe", "same")])
-    cmp_b = compare(old_b, report["targets"][1], [p for p in report["probes"] if p["target"] == "b"])
-    page = render_html(report, comparisons={"b": cmp_b})  # a Comparison object
+    old_b = f.baseline([f.record("alpha-probe", "same"), f.record("beta-probe", "same")])
+    report = matrix(baselines={"b": old_b})  # b's comparison, as the plugin keeps it in b's entry
+    assert report.target("a").baseline is None and report.target("b").baseline is not None
+    page = render_html(report)
     assert 'id="baseline-0"' not in page and 'id="baseline"' not in page
     b = page[page.index('id="target-1"'):]
     b = b[:b.index("</section>")]
@@ -348,30 +351,49 @@ def test_matrix_baseline_comparisons_per_target(tmp_path: Path) -> None:
     assert "<th>before</th><th>after</th>" in b and "newly diverged" in b
     anchor = probe_anchors(page)
     assert f'<a href="#{anchor["alpha-probe@b"]}">alpha-probe</a></td><td>same</td><td>different</td>' in b
-    assert render_html(report, comparisons={"b": cmp_b.to_dict()}) == page
+    assert render_html(loaded(report)) == page  # the comparison survives the JSON report
     ids = element_ids(page)
     assert len(ids) == len(set(ids))
-    # a report that carries its targets' baseline comparisons (as the plugin writes it) shows them alone
-    report["targets"][0]["baseline"] = compare(old_b, report["targets"][0],
-                                               [p for p in report["probes"] if p["target"] == "a"]).to_dict()
-    assert 'id="baseline-0"' in render_html(report) and 'id="baseline-1"' not in render_html(report)
+    # a comparison on a only: shown for a alone
+    only_a = render_html(matrix(baselines={"a": old_b}))
+    assert 'id="baseline-0"' in only_a and 'id="baseline-1"' not in only_a
     # write_html scrubs the comparisons as well
     red = Redactor(["alpha-probe"])
     path = tmp_path / "m.html"
-    write_html(str(path), report, scrub=red.scrub, comparisons={"b": cmp_b})
+    write_html(str(path), report, scrub=red.scrub)
     text = path.read_text(encoding="utf-8")
     assert "alpha-probe" not in text and 'id="baseline-1"' in text
 
 
 def test_sparse_matrix_report_renders() -> None:
-    page = render_html({"targets": [{"name": "x"}, "junk", {}],
-                        "probes": [{"id": "p", "target": "x", "outcome": "same"},
-                                   {"id": "p", "target": "ghost", "outcome": "weird"}, {"id": "q"}]})
-    assert "<h3>p@x</h3>" in page and "<h3>p@ghost</h3>" in page and "unknown target ghost" in page
+    """A matrix report with only what is required (each target's name and status): a probe without an
+    outcome is refused naming the field; a target that is not an object, or has no name, too."""
+    data: Dict[str, Any] = {
+        "schema_version": 1,
+        "targets": [{"name": "x", "summary": {"status": "passed"}},
+                    {"name": "y", "summary": {"status": "passed"}}],
+        "probes": [{"id": "p", "target": "x", "outcome": "same"}, {"id": "q", "target": "x"}]}
+    with pytest.raises(ReportError, match=r"^field 'probes\[1\]\.outcome': expected a string, got null"):
+        RunReport.from_json(data)
+    data["probes"][1]["outcome"] = "error"
+    page = render_html(RunReport.from_json(data))
+    assert "<h3>p@x</h3>" in page and "<h3>q@x</h3>" in page and "Probes on y (0)" in page
     ids = element_ids(page)
     assert len(ids) == len(set(ids))
     assert set(re.findall(r'href="#([^"]*)"', page)) <= set(ids)
-    assert "no probe ran" in render_html({"targets": [{"name": "x"}]})
+    assert "no probe ran" in render_html(RunReport.from_json({**data, "probes": []}))
+    for junk, field in (("junk", r"targets\[1\]': expected an object"),
+                        ({}, r"targets\[1\]\.name': expected a string")):
+        with pytest.raises(ReportError, match="^field '" + field):
+            RunReport.from_json({**data, "targets": [data["targets"][0], junk]})
+
+
+def test_probe_of_an_unknown_target_is_refused_not_lost() -> None:
+    data: Dict[str, Any] = {"schema_version": 1, "targets": [{"name": "x", "summary": {"status": "passed"}}],
+                            "probes": [{"id": "p", "target": "x", "outcome": "same"},
+                                       {"id": "p", "target": "ghost", "outcome": "same"}]}
+    with pytest.raises(ReportError, match=r"probes\[1\]\.target.*'ghost' names none of the report's targets"):
+        RunReport.from_json(data)
 
 
 def test_matrix_page_through_the_plugin(pytester: pytest.Pytester, emulator: Any) -> None:
@@ -424,11 +446,12 @@ def _env(tmp_path: Path) -> Dict[str, str]:
 
 def test_real_render_in_headless_chromium(tmp_path: Path) -> None:
     exe = _chromium()
-    before = make_report([rec("alpha-probe", "same"), rec("beta-probe", "same")])
-    report = sample()
-    report["probes"][0]["answers"]["cache"][0] += " " + SCRIPT  # must show up as text, never run
+    before = f.baseline([f.record("alpha-probe", "same"), f.record("beta-probe", "same")])
+    report = sample(baselines={None: before})
+    cache_1 = next(r for r in report.probes[0].requests if r.step == "cache-1/turn-2")
+    cache_1.content += " " + SCRIPT  # must show up as text, never run
     page = tmp_path / "report.html"
-    write_html(str(page), report, compare(before, report, report["probes"]))
+    write_html(str(page), report)
     url = page.resolve().as_uri()
 
     dom = subprocess.run(_chromium_cmd(exe, tmp_path) + ["--dump-dom", url], check=False, capture_output=True,
@@ -459,7 +482,7 @@ def test_real_render_in_headless_chromium(tmp_path: Path) -> None:
     if keep:  # to look at it: CACHECHECK_KEEP_SCREENSHOT=/tmp/shot.png
         shutil.copyfile(png, keep)
         (Path(keep).with_suffix(".dom.html")).write_text(html, encoding="utf-8")
-    json.dumps(report)  # the report stays JSON-able after rendering
+    json.dumps(report.to_json())  # the report stays JSON-able after rendering
 
 
 def test_real_render_of_a_matrix_in_headless_chromium(tmp_path: Path) -> None:

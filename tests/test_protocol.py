@@ -6,18 +6,20 @@ from typing import Any, Dict, List, Optional
 
 import pytest
 
+from pytest_cachecheck.clients import CLIENTS
 from pytest_cachecheck.clients.base import ChatClient, Reply, ServerInfo
 from pytest_cachecheck.clients.http import Http
 from pytest_cachecheck.errors import RequestError
 from pytest_cachecheck.probes import parse_probe
-from pytest_cachecheck.protocol import Runner, Target, excerpt, first_difference
+from pytest_cachecheck.protocol import Runner, excerpt, first_difference
+from pytest_cachecheck.servers import ServerSetup
 from pytest_cachecheck.settings import Settings
 
 PROBE = parse_probe({"id": "p1", "turn1": "Tell me about tea.", "turn2": "Shorter."}, path="t.jsonl",
                     line=1, default_id="x")
 
 
-class Scripted(ChatClient):
+class _Scripted(ChatClient):
     """Answers from a list of (content, prompt_tokens, completion_tokens, cached_tokens) in order."""
 
     def __init__(self, kind: str, script: List[Any], pieces: bool = False) -> None:
@@ -39,6 +41,12 @@ class Scripted(ChatClient):
         return text.split(" ") if self.pieces else None
 
 
+def Scripted(kind: str, script: List[Any], pieces: bool = False) -> _Scripted:
+    """A scripted client of the given server kind (its cache controls are that kind's own)."""
+    cls = type(f"Scripted{CLIENTS[kind].__name__}", (_Scripted, CLIENTS[kind]), {})
+    return cls(kind, script, pieces)
+
+
 def good_script(t2_cache: str = "short tea", t2_re: str = "short tea", hit: int = 59) -> List[Any]:
     # turn-1: prompt 20, answer 40 -> full reuse 59
     return [("tea is nice", 20, 40, 0), (t2_cache, 70, 5, hit),
@@ -54,7 +62,7 @@ def run(mode: str, script: List[Any], nocache_script: Optional[List[Any]] = None
     kind = cache_kind or ("llama.cpp" if mode == "llama.cpp" else "vllm")
     cache = Scripted(kind, script, pieces=True)
     nocache = Scripted("vllm", nocache_script) if nocache_script is not None else None
-    runner._target = Target(mode, cache, nocache, checked=True)  # the setup checks have their own tests
+    runner.setup = ServerSetup(mode, cache, nocache, checked=True)  # the setup checks have their own tests
     return runner.run(PROBE), cache, nocache
 
 
@@ -67,7 +75,7 @@ def test_same_is_valid_and_uses_llama_cache_fields():
     # turn 2 carries the turn-1 answer verbatim, then the follow-up
     assert client.calls[1]["messages"][-2:] == [{"role": "assistant", "content": "tea is nice"},
                                                 {"role": "user", "content": "Shorter."}]
-    assert len(result.to_dict()["requests"]) == 6
+    assert len(result.to_json()["requests"]) == 6
 
 
 def test_different_names_character_token_and_excerpts():
@@ -102,7 +110,7 @@ def test_two_servers_sends_recompute_to_the_nocache_server(kind):
         assert fields[0] == fields[1] != fields[2] == fields[3] and "cache_salt" in fields[0]
     else:
         assert fields == [{}] * 4
-    assert [s["server"] for s in result.to_dict()["requests"]][-2:] == ["nocache", "nocache"]
+    assert [s["server"] for s in result.to_json()["requests"]][-2:] == ["nocache", "nocache"]
 
 
 @pytest.mark.parametrize("hit, tolerance, words", [
@@ -128,7 +136,7 @@ def test_recompute_reuse_is_inconclusive():
     result, _, _ = run("one-server", script)
     assert result.outcome == "inconclusive"
     assert "recompute run 1 reused 64 cached tokens" in result.reason
-    assert result.checks["recompute_reused"] is True
+    assert result.checks.recompute_reused is True
 
 
 def test_turn1_reuse_is_inconclusive_in_llama_mode_but_not_two_servers():
@@ -173,7 +181,7 @@ def test_failed_request_is_an_error_never_a_divergence():
     script[4] = RequestError("POST /v1/chat/completions: HTTP 503: busy", status=503)
     result, _, _ = run("llama.cpp", script)
     assert result.outcome == "error" and "HTTP 503" in result.reason
-    assert len(result.steps) == 4  # what was measured before the failure is kept
+    assert len(result.requests) == 4  # what was measured before the failure is kept
 
 
 def test_first_difference_and_excerpt():
@@ -197,7 +205,7 @@ def test_logprobs_only_on_turn_2_and_divergence_anatomy():
     assert [c["logprobs"] for c in client.calls] == [False, True, False, True, True, True]
     d = result.divergence
     assert (d.token, d.cache_token, d.recompute_token) == (1, " green", " black")
-    assert d.kind == "near-tie" and d.to_dict()["kind"] == "near-tie"
+    assert d.kind == "near-tie" and d.to_json()["kind"] == "near-tie"
     assert "cache ' green' vs recompute ' black'" in result.message() and "near-tie" in result.message()
     script[1] = script[1][:4] + ([("short", -0.1, 2.0), (" green", -0.01, 4.0), (" tea", -0.1, 3.0)],)
     script[3] = script[1]

@@ -14,8 +14,10 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from pytest_cachecheck.model import Status, Tally
 from pytest_cachecheck.probes import builtin_probes
-from pytest_cachecheck.report import Tally, judge, placement_problem
+from pytest_cachecheck.run import judge, placement_problem
+from tests.support.factories import record
 
 
 
@@ -130,20 +132,20 @@ def test_a_placement_that_fails_is_never_measured(pytester, emulator):
     result.stdout.fnmatch_lines(["*cachecheck verdict: FAIL (errors)*"])
 
 
-def _record(worker, url="http://127.0.0.1:1", outcome="same"):
-    return {"worker": worker, "server_url": url, "outcome": outcome, "requests": [{}]}
-
-
 def test_two_workers_on_one_server_make_the_run_unreliable():
-    records = [_record("gw0"), _record("gw0", outcome="different"), _record("gw1")]
+    records = [record("a", "same", worker="gw0", url="http://127.0.0.1:1"),
+               record("b", "different", cache="x1", recompute="x2", worker="gw0", url="http://127.0.0.1:1"),
+               record("c", "same", worker="gw1", url="http://127.0.0.1:1")]
     why = placement_problem(records)
     assert why is not None and "2 processes (gw0, gw1)" in why and "http://127.0.0.1:1" in why
     verdict = judge(Tally.of(records), 0.8, unreliable=why)
-    assert verdict.status == "unreliable" and not verdict.ok
+    assert verdict.status == Status.UNRELIABLE and not verdict.ok
     # replicas: each worker on a server of its own is fine; a probe that sent nothing does not count
-    assert placement_problem([_record("gw0", "http://a:1"), _record("gw1", "http://b:1")]) is None
-    refused = dict(_record("gw1"), outcome="error", requests=[])
-    assert placement_problem([_record("gw0"), refused]) is None
+    assert placement_problem([record("a", "same", worker="gw0", url="http://a:1"),
+                              record("b", "same", worker="gw1", url="http://b:1")]) is None
+    refused = record("c", "error", cache=None, worker="gw1", url="http://127.0.0.1:1")
+    refused.requests = [r for r in refused.requests if False]
+    assert placement_problem([records[0], refused]) is None
 
 
 @needs_xdist

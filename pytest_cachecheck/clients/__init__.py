@@ -1,19 +1,47 @@
-"""Server clients: one module per server kind behind the small :class:`~.base.ChatClient` interface."""
+"""Server clients: one module per server kind behind the small :class:`~.base.ChatClient` interface.
+
+A new server kind is one new module with its ``ChatClient`` subclass, and one entry in ``CLIENTS``.
+"""
 
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
-from .base import ChatClient, Http, Reply, ServerInfo
+from .base import CachePlan, ChatClient, Findings, Reply, ServerInfo, choose_model, listed_models
+from .http import Http
 from .llama_cpp import LlamaCppClient
-from .openai_compat import OpenAICompatClient
+from .openai import OpenAIClient
+from .sglang import SglangClient
+from .vllm import VllmClient
 
-#: server kind -> client class; a new server kind is one new module and one line here.
+#: server kind -> client class, in the order detection tries them (the generic one last)
 CLIENTS: Dict[str, Type[ChatClient]] = {
     "llama.cpp": LlamaCppClient,
-    "vllm": OpenAICompatClient,
-    "sglang": OpenAICompatClient,
-    "openai": OpenAICompatClient,
+    "sglang": SglangClient,
+    "vllm": VllmClient,
+    "openai": OpenAIClient,
 }
 
-__all__ = ["CLIENTS", "ChatClient", "Http", "LlamaCppClient", "OpenAICompatClient", "Reply", "ServerInfo"]
+
+def detect_server(http: Http, model: Optional[str], prefer: Optional[str] = None) -> ChatClient:
+    """The client for the server at ``http``, with the model to ask for. Raises RequestError or
+    ServerSetupError for a server that cannot be used. No request here generates text."""
+    for cls in CLIENTS.values():
+        info = cls.detect(http)
+        if info is not None:
+            break
+    else:  # pragma: no cover - the generic client always answers
+        raise AssertionError("no client detected the server")
+    if not cls.lists_models:
+        if model:
+            info.model = model
+    else:
+        info.models = listed_models(http)
+        if model is None and prefer is not None and prefer in info.models:
+            model = prefer  # the second server of a pair: the first server's model, where it serves it
+        info.model = choose_model(info.models, model, http.shown)
+    return cls(http, info)
+
+
+__all__ = ["CLIENTS", "CachePlan", "ChatClient", "Findings", "Http", "LlamaCppClient", "OpenAIClient", "Reply",
+           "ServerInfo", "SglangClient", "VllmClient", "detect_server"]

@@ -1,12 +1,24 @@
-"""The client interface and the reply record shared by every server kind. Nothing here knows pytest."""
+"""The client interface every server kind implements, and what they share: the reply record, reading an
+OpenAI-style chat completion, and finding the model a server serves. Nothing here knows pytest.
+
+A client answers the questions the measurement and the setup checks ask of a server kind: which request
+fields start a request from a clean state, which make turn 2 reuse turn 1's state, which compute a request
+from scratch, how its cached-token counter is read and which flag turns it on, its cache block size,
+whether it says prefix caching is on, and the checks only its kind needs.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import RequestError
+from ..errors import RequestError, ServerSetupError
+from ..model import Request, ServerDescription
 from .http import Http
+
+#: per answer token: (token text, its logprob, top-1 minus top-2 logprob)
+TokenLogprob = Tuple[str, Optional[float], Optional[float]]
 
 
 @dataclass
@@ -18,20 +30,13 @@ class Reply:
     prompt_tokens: Optional[int]
     completion_tokens: Optional[int]
     cached_tokens: Optional[int]  # None = the server did not report it (unknown, never 0)
-    #: per answer token (token text, its logprob, top-1 minus top-2 logprob), where logprobs were asked for
-    logprobs: Optional[List[Tuple[str, Optional[float], Optional[float]]]] = None
+    logprobs: Optional[List[TokenLogprob]] = None  # where they were asked for
     #: characters of reasoning the server split off the answer (``reasoning_content`` / ``reasoning``)
     reasoning_chars: int = 0
 
-    def to_dict(self) -> Dict[str, Any]:
-        return {
-            "content": self.content,
-            "finish_reason": self.finish_reason,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "cached_tokens": self.cached_tokens,
-            "reasoning_chars": self.reasoning_chars,
-        }
+    def request(self, step: str, server: str) -> Request:
+        return Request(step, server, self.content, self.finish_reason, self.prompt_tokens,
+                       self.completion_tokens, self.cached_tokens, self.reasoning_chars)
 
 
 @dataclass
@@ -44,76 +49,168 @@ class ServerInfo:
     models: List[str] = field(default_factory=list)
     details: Dict[str, Any] = field(default_factory=dict)
 
-    def to_dict(self) -> Dict[str, Any]:
-        return {"kind": self.kind, "build": self.build, "model": self.model, "details": self.details}
+    def describe(self) -> ServerDescription:
+        return ServerDescription(self.kind, self.build, self.model, dict(self.details))
 
 
-REPORTING_FLAGS = {
-    "vllm": "vLLM: --enable-prompt-tokens-details",
-    "sglang": "SGLang: --enable-cache-report",
-    "openai": "vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report",
-    "llama.cpp": "llama-server reports timings.cache_n always: is this a stock llama-server?",
-}
+@dataclass
+class CachePlan:
+    """The cache fields of one cache run: ``first`` for turn 1 (a clean start where the kind can make
+    one: then ``clean_start`` is true and turn 1 must reuse nothing), ``reuse`` for turn 2."""
+
+    first: Dict[str, Any]
+    reuse: Dict[str, Any]
+    clean_start: bool
+
+
+@dataclass
+class Findings:
+    """What the setup checks found: problems stop the run, warnings are shown, notes go in the report."""
+
+    problems: List[str] = field(default_factory=list)
+    warnings: List[str] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
 
 
 class ChatClient:
-    """One server. Subclasses build the request body and read the counters of their server kind."""
+    """One server of one kind. Subclasses say how their kind is detected and controlled."""
 
-    kind = "openai"
+    kind: ClassVar[str] = "openai"
+    #: the server flag that turns cached-token reporting on, named when the counter is missing
+    reporting_flag: ClassVar[str] = "vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report"
+    #: whether the server names its model so that two servers' models can be compared
+    names_model: ClassVar[bool] = True
+    #: whether the model to ask for is one of those ``/v1/models`` lists (llama-server serves one, unasked)
+    lists_models: ClassVar[bool] = True
 
     def __init__(self, http: Http, info: ServerInfo) -> None:
         self.http = http
         self.info = info
 
-    @property
-    def reporting_flag(self) -> str:
-        """The server flag that turns cached-token reporting on, named when the counter is missing."""
-        return REPORTING_FLAGS.get(self.info.kind, REPORTING_FLAGS["openai"])
-
-    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int,
-             cache: Dict[str, Any], logprobs: bool = False) -> Reply:
-        """One greedy, non-streamed chat completion. ``cache`` holds the mode's cache fields."""
-        raise NotImplementedError
-
-    def token_pieces(self, text: str) -> Optional[List[str]]:
-        """The text as the server's tokens, where the server can say; else None."""
+    # -- what a kind says about itself ----------------------------------------------------------------
+    @classmethod
+    def detect(cls, http: Http) -> Optional[ServerInfo]:
+        """The server's info when it answers like this kind, else None. Sends nothing that generates."""
         return None
 
-    def render(self, messages: List[Dict[str, str]]) -> Optional[Sequence[Any]]:
-        """The prompt the server's chat template makes of ``messages`` (with the generation prompt), as text
-        or token ids, where the server has an endpoint for it; else None. Generates nothing."""
+    def block_size(self) -> Optional[int]:
+        """The hit granularity the server reports (vLLM block size, SGLang page size)."""
         return None
+
+    def prefix_caching(self) -> Optional[bool]:
+        """Whether the server says prefix caching is on (None when it does not say)."""
+        return None
+
+    def setup_problems(self) -> List[str]:
+        """Settings this server reported that would spoil the measurement, each with its fix."""
+        return []
+
+    # -- the cache controls ---------------------------------------------------------------------------
+    def cache_plan(self, own_setting: bool = False) -> CachePlan:
+        """The fields of one cache run. ``own_setting``: the server's own cache setting decides turn 2 (the
+        caching server of two-servers mode, so that a both-caches-off control stays off)."""
+        return CachePlan({}, {}, clean_start=False)
+
+    def scratch(self) -> Optional[Dict[str, Any]]:
+        """The fields of a request computed from scratch on this server, or None when it has no control."""
+        return None
+
+    # -- requests -------------------------------------------------------------------------------------
+    def chat(self, messages: List[Dict[str, Any]], *, max_tokens: int, cache: Dict[str, Any],
+             logprobs: bool = False) -> Reply:
+        """One greedy, non-streamed chat completion; ``cache`` holds the mode's cache fields."""
+        body = self.body(messages, max_tokens)
+        body.update(self.logprob_fields(logprobs))
+        body.update(cache)
+        where = f"POST /v1/chat/completions to {self.http.shown}"
+        data = self.http.post("/v1/chat/completions", body)
+        content, finish, usage = parse_choice(data, where)
+        prompt = counter(usage, ("prompt_tokens",), where)
+        completion = counter(usage, ("completion_tokens",), where)
+        if prompt is None or completion is None:
+            raise RequestError(f"{where}: usage lacks prompt_tokens or completion_tokens", where=where)
+        return Reply(content, finish, prompt, completion, self.cached_tokens(data, usage, where),
+                     parse_logprobs(data["choices"][0], where), reasoning_chars(data))
+
+    def body(self, messages: List[Dict[str, Any]], max_tokens: int) -> Dict[str, Any]:
+        return {"model": self.info.model, "messages": messages, "temperature": 0, "top_p": 1, "n": 1,
+                "max_tokens": max_tokens, "stream": False}
+
+    def cached_tokens(self, data: Dict[str, Any], usage: Dict[str, Any], where: str) -> Optional[int]:
+        """``usage.prompt_tokens_details.cached_tokens``; None when the server did not report it."""
+        details = usage.get("prompt_tokens_details")
+        if not isinstance(details, dict):
+            return None
+        return counter(details, ("cached_tokens",), where, "usage.prompt_tokens_details.")
 
     @staticmethod
     def logprob_fields(want: bool) -> Dict[str, Any]:
         """Ask for the top-2 logprobs of each answer token (never prompt logprobs: they bypass caches)."""
         return {"logprobs": True, "top_logprobs": 2} if want else {}
 
-    @staticmethod
-    def parse_choice(data: Dict[str, Any], where: str) -> Tuple[str, Optional[str], Dict[str, Any]]:
-        choices = data.get("choices")
-        if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-            raise RequestError(f"{where}: the response has no choices", where=where)
-        message = choices[0].get("message")
-        content = message.get("content") if isinstance(message, dict) else None
-        if content is None and isinstance(message, dict) and _reasoning(message):
-            content = ""  # a reasoning model that spent every token thinking: an empty answer, not a fault
-        if not isinstance(content, str):
-            raise RequestError(f"{where}: the response has no message content", where=where)
-        usage = data.get("usage")
-        if not isinstance(usage, dict):
-            raise RequestError(f"{where}: the response has no usage counts", where=where)
-        return content, choices[0].get("finish_reason"), usage
+    def render(self, messages: List[Dict[str, Any]]) -> Optional[Sequence[Any]]:
+        """The prompt the server's chat template makes of ``messages`` (with the generation prompt), as text
+        or token ids, where the server has an endpoint for it; else None. Generates nothing."""
+        return None
 
-    @staticmethod
-    def reasoning_chars(data: Dict[str, Any]) -> int:
-        """Characters of reasoning a reasoning parser split off the answer: ``reasoning_content``
-        (llama-server, SGLang, older vLLM) or ``reasoning`` (vLLM 0.34)."""
-        return len(_reasoning(data["choices"][0].get("message") or {}))
+    def token_pieces(self, text: str) -> Optional[List[str]]:
+        """The text as the server's tokens, where the server can say; else None."""
+        return None
+
+    # -- the checks only this kind needs (see checks.run_checks) --------------------------------------
+    def check_reporting(self, found: Findings) -> None:
+        """Does a reply carry the cached-token counter? One one-token request."""
+        reply = self.chat([{"role": "user", "content": "Reply with one word."}], max_tokens=1,
+                          cache=self.cache_plan(own_setting=True).first)
+        if reply.cached_tokens is None:
+            found.problems.append(f"the {self.info.kind} server at {self.http.shown} did not report cached "
+                                  f"tokens (usage.prompt_tokens_details.cached_tokens is missing), so cache use "
+                                  f"cannot be checked; turn reporting on with {self.reporting_flag}")
+
+    def check_host_cache(self, found: Findings) -> None:
+        """A second cache tier that can restore a prompt the live cache no longer holds."""
+
+    def check_health(self, found: Findings) -> None:
+        """A health endpoint whose polling would batch with the probes."""
 
 
-def _reasoning(message: Dict[str, Any]) -> str:
-    """The reasoning a reasoning parser split off a reply's message, or "" when there is none."""
+# -- reading replies ----------------------------------------------------------------------------------------
+def parse_choice(data: Dict[str, Any], where: str) -> Tuple[str, Optional[str], Dict[str, Any]]:
+    """(content, finish_reason, usage) of an OpenAI-style chat completion."""
+    choices = data.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        raise RequestError(f"{where}: the response has no choices", where=where)
+    message = choices[0].get("message")
+    content = message.get("content") if isinstance(message, dict) else None
+    if content is None and isinstance(message, dict) and reasoning(message):
+        content = ""  # a reasoning model that spent every token thinking: an empty answer, not a fault
+    if not isinstance(content, str):
+        raise RequestError(f"{where}: the response has no message content", where=where)
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        raise RequestError(f"{where}: the response has no usage counts", where=where)
+    finish = choices[0].get("finish_reason")
+    return content, finish if isinstance(finish, str) else None, usage
+
+
+def counter(obj: Dict[str, Any], keys: Sequence[str], where: str, prefix: str = "usage.") -> Optional[int]:
+    """A token counter: its whole-number value (even an impossible one, which the measurement judges),
+    None when absent or null, and a RequestError when it is not a whole number (malformed, not missing)."""
+    for key in keys:
+        value = obj.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int):
+            shown = json.dumps(value)[:40] if isinstance(value, (str, int, float)) else type(value).__name__
+            raise RequestError(f"{where}: malformed counter {prefix}{key} = {shown}: not a whole number",
+                               where=where)
+        return value
+    return None
+
+
+def reasoning(message: Dict[str, Any]) -> str:
+    """The reasoning a reasoning parser split off a reply's message: ``reasoning_content`` (llama-server,
+    SGLang, older vLLM) or ``reasoning`` (vLLM 0.34); "" when there is none."""
     for key in ("reasoning_content", "reasoning"):
         text = message.get(key)
         if isinstance(text, str) and text:
@@ -121,29 +218,74 @@ def _reasoning(message: Dict[str, Any]) -> str:
     return ""
 
 
-def parse_logprobs(choice: Dict[str, Any]) -> Optional[List[Tuple[str, Optional[float], Optional[float]]]]:
-    """OpenAI-style ``choices[0].logprobs.content`` as (token, logprob, top-2 margin) per token."""
+def reasoning_chars(data: Dict[str, Any]) -> int:
+    message = data["choices"][0].get("message")
+    return len(reasoning(message)) if isinstance(message, dict) else 0
+
+
+def parse_logprobs(choice: Dict[str, Any], where: str = "") -> Optional[List[TokenLogprob]]:
+    """OpenAI-style ``choices[0].logprobs.content`` as (token, logprob, top-2 margin) per token; None when
+    absent or unusable. Numbers outside a float's range count as absent, never as an error."""
     block = choice.get("logprobs")
     content = block.get("content") if isinstance(block, dict) else None
     if not isinstance(content, list):
         return None
-    out: List[Tuple[str, Optional[float], Optional[float]]] = []
+    out: List[TokenLogprob] = []
     for entry in content:
         if not isinstance(entry, dict) or not isinstance(entry.get("token"), str):
             return None
-        raw = [t.get("logprob") for t in entry.get("top_logprobs") or [] if isinstance(t, dict)]
-        top = sorted((float(x) for x in raw if isinstance(x, (int, float))), reverse=True)
-        margin = top[0] - top[1] if len(top) >= 2 else None
-        lp = entry.get("logprob")
-        out.append((entry["token"], float(lp) if isinstance(lp, (int, float)) else None, margin))
+        top = sorted((x for x in (_finite(t.get("logprob")) for t in entry.get("top_logprobs") or []
+                                  if isinstance(t, dict)) if x is not None), reverse=True)[:2]
+        margin = top[0] - top[1] if len(top) == 2 else None
+        out.append((entry["token"], _finite(entry.get("logprob")), margin))
     return out
 
 
-def int_or_none(value: Any) -> Optional[int]:
-    if isinstance(value, bool):
+def _finite(value: Any) -> Optional[float]:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
+# -- models -------------------------------------------------------------------------------------------------
+def get_json(http: Http, path: str) -> Optional[Dict[str, Any]]:
+    """GET ``path``: its JSON object on 200, None otherwise; refused credentials or a loading server raise."""
+    status, data = http.get(path, timeout=min(http.timeout, 30.0))
+    if status in (401, 403):
+        raise RequestError(f"GET {path} to {http.shown}: HTTP {status}: the server refused the credentials "
+                           f"(check --cachecheck-api-key)", status=status, where=f"GET {path}")
+    if status == 503:
+        raise RequestError(f"GET {path} to {http.shown}: HTTP 503: the server is not ready (still loading?)",
+                           status=status, where=f"GET {path}")
+    return data if status == 200 and isinstance(data, dict) else None
+
+
+def listed_models(http: Http) -> List[str]:
+    data = get_json(http, "/v1/models")
+    if not data or not isinstance(data.get("data"), list):
+        return []
+    return [m["id"] for m in data["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+
+def _some(names: List[str], limit: int = 10) -> str:
+    shown = ", ".join(n[:120] for n in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def choose_model(listed: List[str], wanted: Optional[str], shown_url: str) -> str:
+    """The model to ask for: the one given (which the server must list), else the only one listed."""
+    if wanted:
+        if listed and wanted not in listed:
+            raise ServerSetupError(f"--cachecheck-model {wanted!r} is not served by {shown_url}; it lists: "
+                                   + _some(listed))
+        return wanted
+    if len(listed) == 1:
+        return listed[0]
+    if not listed:
+        raise ServerSetupError(f"{shown_url} lists no model at /v1/models; give --cachecheck-model NAME")
+    raise ServerSetupError(f"{shown_url} serves several models; choose one with --cachecheck-model: "
+                           + _some(listed))

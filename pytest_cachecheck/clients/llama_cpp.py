@@ -1,51 +1,82 @@
 """llama.cpp's llama-server: ``/v1/chat/completions`` with per-request ``cache_prompt``.
 
-The hit counter is ``timings.cache_n`` (the same value as ``usage.prompt_tokens_details.cached_tokens``).
-``"samplers": ["temperature"]`` leaves only the greedy arg-max, so no penalty or GGUF default can act.
+Detected by ``GET /props``. The hit counter is ``timings.cache_n`` (the same value as
+``usage.prompt_tokens_details.cached_tokens``), always reported. ``"samplers": ["temperature"]`` leaves
+only the greedy arg-max, so no penalty or GGUF default can act; ``"id_slot": 0`` pins the one slot.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import RequestError
-from .base import ChatClient, Reply, int_or_none, parse_logprobs
+from .base import CachePlan, ChatClient, Findings, ServerInfo, counter, get_json
+from .http import Http
+
+# Two unrelated passages of about 150 tokens each, for the host-memory cache check.
+_PASSAGE_A = (
+    "Describe, in order, how a small bakery prepares for the morning: the ovens are lit before dawn, the "
+    "sourdough starter is fed and left to rise, flour and salt are weighed for the first batch, the dough "
+    "is kneaded, divided and shaped into loaves, croissants are laminated with cold butter and folded "
+    "three times, trays are proofed in a warm cabinet, the first loaves are scored and baked with steam, "
+    "the shelves are stocked, the coffee machine is cleaned and warmed, and the chalkboard is written "
+    "with the day's specials before the door opens at seven."
+)
+_PASSAGE_B = (
+    "List the steps a ship's crew follows when a storm is forecast at sea: secure every hatch and "
+    "porthole, lash the deck cargo with extra chains, check the bilge pumps and the emergency generator, "
+    "plot a course away from the worst of the weather, reduce speed to ease the pounding of the waves, "
+    "brief the watch on the lifeboat stations, stow loose equipment in the galley and the engine room, "
+    "keep the radio on the coast guard channel, log the barometer every hour, and rest the off-duty "
+    "sailors so that they are fresh when the wind rises after midnight."
+)
 
 
 class LlamaCppClient(ChatClient):
     kind = "llama.cpp"
+    reporting_flag = "llama-server reports timings.cache_n always: is this a stock llama-server?"
+    names_model = False  # /props names the model file, which two servers of one model may name apart
+    lists_models = False
 
-    def chat(self, messages: List[Dict[str, str]], *, max_tokens: int, cache: Dict[str, Any],
-             logprobs: bool = False) -> Reply:
-        body: Dict[str, Any] = {
-            "messages": messages,
-            "temperature": 0,
-            "max_tokens": max_tokens,
-            "stream": False,
-            "samplers": ["temperature"],
-            "id_slot": 0,
-        }
-        body.update(self.logprob_fields(logprobs))
-        body.update(cache)
-        where = f"POST /v1/chat/completions to {self.http.shown}"
-        data = self.http.post("/v1/chat/completions", body)
-        content, finish, usage = self.parse_choice(data, where)
-        cached: Optional[int] = None
+    @classmethod
+    def detect(cls, http: Http) -> Optional[ServerInfo]:
+        props = get_json(http, "/props")
+        if props is None or not ("build_info" in props or "default_generation_settings" in props):
+            return None
+        path = props.get("model_path")
+        settings = props.get("default_generation_settings")
+        return ServerInfo(
+            kind=cls.kind,
+            build=str(props.get("build_info")) if props.get("build_info") else None,
+            model=os.path.basename(path) if isinstance(path, str) and path else props.get("model_alias"),
+            details={"total_slots": props.get("total_slots"),
+                     "n_ctx": settings.get("n_ctx") if isinstance(settings, dict) else None})
+
+    def setup_problems(self) -> List[str]:
+        slots = self.info.details.get("total_slots")
+        if isinstance(slots, int) and not isinstance(slots, bool) and slots > 1:
+            return [f"llama-server runs {slots} slots that share one cache, so another request can take the "
+                    f"state turn 2 should reuse; start it with -np 1 --cache-ram 0"]
+        return []
+
+    def cache_plan(self, own_setting: bool = False) -> CachePlan:
+        # cache_prompt false forces a clean start and still writes the slot that turn 2 then reuses
+        return CachePlan({"cache_prompt": False}, {} if own_setting else {"cache_prompt": True}, clean_start=True)
+
+    def scratch(self) -> Optional[Dict[str, Any]]:
+        return {"cache_prompt": False}
+
+    def body(self, messages: List[Dict[str, Any]], max_tokens: int) -> Dict[str, Any]:
+        return {"messages": messages, "temperature": 0, "max_tokens": max_tokens, "stream": False,
+                "samplers": ["temperature"], "id_slot": 0}
+
+    def cached_tokens(self, data: Dict[str, Any], usage: Dict[str, Any], where: str) -> Optional[int]:
         timings = data.get("timings")
-        if isinstance(timings, dict):
-            cached = int_or_none(timings.get("cache_n"))
-        if cached is None:
-            details = usage.get("prompt_tokens_details")
-            if isinstance(details, dict):
-                cached = int_or_none(details.get("cached_tokens"))
-        prompt = int_or_none(usage.get("prompt_tokens"))
-        completion = int_or_none(usage.get("completion_tokens"))
-        if prompt is None or completion is None:
-            raise RequestError(f"{where}: usage lacks prompt_tokens or completion_tokens", where=where)
-        return Reply(content, finish, prompt, completion, cached, parse_logprobs(data["choices"][0]),
-                     self.reasoning_chars(data))
+        cached = counter(timings, ("cache_n",), where, "timings.") if isinstance(timings, dict) else None
+        return cached if cached is not None else super().cached_tokens(data, usage, where)
 
-    def render(self, messages: List[Dict[str, str]]) -> Optional[Sequence[Any]]:
+    def render(self, messages: List[Dict[str, Any]]) -> Optional[Sequence[Any]]:
         # POST /apply-template: the chat template's text, exactly as a chat request would be prompted
         status, data = self.http.request("POST", "/apply-template", {"messages": messages})
         if status != 200 or not isinstance(data, dict) or not isinstance(data.get("prompt"), str):
@@ -66,3 +97,30 @@ class LlamaCppClient(ChatClient):
                 return None
             pieces.append(t["piece"])
         return pieces
+
+    def check_reporting(self, found: Findings) -> None:
+        pass  # llama-server always reports cache_n; a server that does not fails the probes by name
+
+    def check_host_cache(self, found: Findings) -> None:
+        """Is a prompt the slot no longer holds restored from the host-memory prompt cache (--cache-ram)?
+
+        A, then B (a different prompt: llama-server saves A's state to the host cache, when it has one,
+        because B keeps less than half of the slot), then A again with cache_prompt on. Without the host
+        cache the third request can reuse only what A shares with B (the template's opening); with it, the
+        server loads A's saved state and reuses nearly all of A.
+        """
+        a = [{"role": "user", "content": _PASSAGE_A}]
+        b = [{"role": "user", "content": _PASSAGE_B}]
+        self.chat(a, max_tokens=1, cache={"cache_prompt": False})
+        shared = self.chat(b, max_tokens=1, cache={"cache_prompt": True}).cached_tokens
+        again = self.chat(a, max_tokens=1, cache={"cache_prompt": True})
+        if shared is None or again.cached_tokens is None or again.prompt_tokens is None:
+            return
+        found.notes.append(f"host-memory prompt cache: a prompt of {again.prompt_tokens} tokens sent again after "
+                           f"another reused {again.cached_tokens} tokens (the two share {shared})")
+        if again.cached_tokens > shared + (again.prompt_tokens - shared) // 2:
+            found.problems.append(
+                f"llama-server restores prompts from its host-memory prompt cache: a prompt sent again after "
+                f"another reused {again.cached_tokens} of its {again.prompt_tokens} tokens, though the slot then "
+                f"held only the {shared} they share, so a request can reuse state that its own turn 1 did not "
+                f"leave; start it with --cache-ram 0")

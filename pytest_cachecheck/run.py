@@ -1,0 +1,216 @@
+"""The session's verdict: collect the probe records per target, decide which probes were selected and
+which did not run, apply the gates (minimum valid share, max rate, baseline policy), check that no two
+processes measured one server, pair every matrix target with the first, and build the run report.
+
+Knows nothing about pytest: the reporter feeds it records and asks for the verdict, then the report.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+
+from .baseline import Baseline, compare, env_of, should_fail
+from .model import (Comparison, Outcome, ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally,
+                    TargetReport, Verdict, record_key)
+from .redact import display_url
+from .settings import Settings
+
+Gate = Tuple[bool, str]  # (fails?, why)
+
+
+def now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def max_rate_gate(t: Tally, max_rate: float) -> Gate:
+    """--cachecheck-max-rate: fail when different / valid exceeds max_rate."""
+    if not t.valid:
+        return False, "no valid probe to measure a rate on"
+    rate = t.different / t.valid
+    if rate > max_rate:
+        return True, (f"divergence rate {rate:.1%} ({t.different} of {t.valid}) exceeds "
+                      f"--cachecheck-max-rate {max_rate:g}")
+    return False, f"divergence rate {rate:.1%} is within --cachecheck-max-rate {max_rate:g}"
+
+
+def judge(t: Tally, min_valid: float, interrupted: bool = False, gates: Optional[Sequence[Gate]] = None,
+          unreliable: Optional[str] = None) -> Verdict:
+    """One target's verdict. ``gates`` (max rate, baseline policy), when given, decide about divergences in
+    place of the default rule that any valid probe that differed fails. ``unreliable`` says why no
+    outcome can be trusted (it overrides everything)."""
+    if unreliable:
+        return Verdict(Status.UNRELIABLE, False, unreliable)
+    if interrupted:
+        return Verdict(Status.INTERRUPTED, False, "the run was interrupted; the report holds what was measured")
+    if t.probes == 0:
+        return Verdict(Status.NO_PROBES, True, "no probe ran")
+    if gates:
+        failing = [why for fail, why in gates if fail]
+        if failing:
+            return Verdict(Status.GATE_FAILED, False, "; ".join(failing))
+    elif t.different:
+        return Verdict(Status.DIVERGED, False, f"{t.different} valid probe(s) gave a different turn-2 answer")
+    if t.errors:
+        return Verdict(Status.ERRORS, False, f"{t.errors} probe(s) failed with a request or server error")
+    if t.valid < min_valid * t.probes:
+        return Verdict(Status.TOO_FEW_VALID, False,
+                       f"only {t.valid} of {t.probes} probes were valid, fewer than --cachecheck-min-valid "
+                       f"{min_valid:g} requires; see the inconclusive reasons")
+    if gates:
+        return Verdict(Status.PASSED, True, "; ".join(why for _, why in gates))
+    return Verdict(Status.PASSED, True, "no valid probe differed")
+
+
+def combine_verdicts(named: Sequence[Tuple[str, Verdict]]) -> Verdict:
+    """A target matrix passes when every target passes; otherwise it takes the first failing target's
+    status and names every failing target with its reason."""
+    failing = [(name, v) for name, v in named if not v.ok]
+    if not failing:
+        ran = [(name, v) for name, v in named if v.status != Status.NO_PROBES]
+        if not ran:
+            return Verdict(Status.NO_PROBES, True, "no probe ran")
+        return Verdict(Status.PASSED, True, "; ".join(f"{name}: {v.why}" for name, v in ran))
+    if all(v.status == Status.INTERRUPTED for _, v in failing):
+        return failing[0][1]
+    return Verdict(failing[0][1].status, False, "; ".join(f"{name}: {v.why}" for name, v in failing))
+
+
+def placement_problem(records: Sequence[ProbeRecord]) -> Optional[str]:
+    """Why the run cannot be trusted when two processes (xdist workers) sent probes or checks to one
+    server in one session, else None."""
+    workers: Dict[str, set] = {}
+    for r in records:
+        if r.outcome == Outcome.ERROR and not r.requests:
+            continue  # sent nothing
+        workers.setdefault(str(r.server_url), set()).add(r.worker or "the main process")
+    shared = {url: sorted(w) for url, w in workers.items() if len(w) > 1}
+    if not shared:
+        return None
+    url, names = next(iter(shared.items()))
+    return (f"probes against {url} were measured by {len(names)} processes ({', '.join(names)}): requests "
+            f"sent to one server in parallel are batched together, which changes answers by itself, so "
+            f"no outcome of this run can be trusted; run without -n, or report this placement as a bug")
+
+
+def recompute_reuse_cause(records: Sequence[ProbeRecord], mode: Optional[str]) -> Optional[str]:
+    """When the recompute path reused cached tokens on every measured probe, name the likely causes."""
+    measured = [r for r in records if r.outcome != Outcome.ERROR and r.checks is not None]
+    if not measured or not all(r.checks.recompute_reused for r in measured if r.checks is not None):
+        return None
+    causes = {
+        "one-server": "the server ignores cache_salt (a build or fork without salt support); use "
+                      "two-servers mode with a second server that has prefix caching off",
+        "two-servers": "both URLs reach the same server (a proxy or port forward answering for the second "
+                       "port), or the nocache server was started with prefix caching on",
+        "llama.cpp": "the server ignores cache_prompt: false (not a stock llama-server?)",
+    }
+    return ("the recompute path reused cached tokens on every probe: likely "
+            + causes.get(mode or "", "the server does not honour the cache controls"))
+
+
+@dataclass
+class TargetInput:
+    """What the session knows of one target before its records arrive."""
+
+    name: Optional[str]  # None without a matrix
+    url: str
+    setup: Optional[Setup]  # as this process resolved it, if it did
+    served: Optional[Dict[str, object]] = None
+
+
+@dataclass
+class TargetResult:
+    """One target's records, selection, comparison and verdict."""
+
+    input: TargetInput
+    records: List[ProbeRecord]
+    selected: List[str]  # probe ids selected to run
+    setup: Setup
+    tally: Tally
+    verdict: Verdict
+    comparison: Optional[Comparison]
+
+    @property
+    def name(self) -> Optional[str]:
+        return self.input.name
+
+    def report(self, exit_status: Optional[int]) -> TargetReport:
+        done = {r.id for r in self.records}
+        summary = Summary(self.tally, self.verdict.status, self.verdict.why, exit_status,
+                          [pid for pid in self.selected if pid not in done],
+                          recompute_reuse_cause(self.records, self.setup.mode))
+        return TargetReport(self.name, display_url(self.input.url) if self.name is not None else None, self.setup,
+                            summary, list(self.records), self.input.served, self.comparison)
+
+
+@dataclass
+class RunResult:
+    """Every target's result and the session verdict; ``report()`` builds the run report."""
+
+    settings: Settings
+    probe_set: ProbeSet
+    targets: List[TargetResult]
+    verdict: Verdict
+    checks: List[ProbeRecord] = field(default_factory=list)
+
+    @property
+    def matrix(self) -> bool:
+        return bool(self.settings.targets)
+
+    def report(self, exit_status: Optional[int]) -> RunReport:
+        created = now()
+        if not self.matrix:
+            t = self.targets[0].report(exit_status)
+            return RunReport(self.settings.public(), self.probe_set, [t], t.summary, created, list(self.checks))
+        targets = [t.report(None) for t in self.targets]
+        first = self.targets[0]
+        for result, target in zip(self.targets[1:], targets[1:]):
+            # each target against the first, probe by probe, as against a baseline (where both ran)
+            if result.records and first.records:
+                target.vs_reference = compare(Baseline(first.records, self._env(first), created),
+                                              result.records, self._env(result))
+        total = Tally()
+        for result in self.targets:
+            total = total + result.tally
+        summary = Summary(total, self.verdict.status, self.verdict.why, exit_status,
+                          [record_key(pid, t.name) for t, r in zip(self.targets, targets) for pid in r.summary.not_run],
+                          None, per_target=True)
+        return RunReport(self.settings.public(), self.probe_set, targets, summary, created, list(self.checks),
+                         matrix=True)
+
+    def _env(self, t: TargetResult) -> Mapping[str, object]:
+        return env_of(self.settings.public(), t.setup, self.probe_set)
+
+
+def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str], targets: Sequence[TargetInput],
+              records: Mapping[str, ProbeRecord], checks: Sequence[ProbeRecord], selected: Optional[Sequence[str]],
+              baselines: Mapping[Optional[str], Baseline], interrupted: bool) -> RunResult:
+    """The verdict of every target and of the session. ``records`` are keyed by ``record_key``;
+    ``selected`` holds the record keys of the probe items selected to run (None: all)."""
+    chosen = set(selected) if selected is not None else None
+    results = []
+    for target in targets:
+        keys = [(pid, record_key(pid, target.name)) for pid in probe_ids]
+        mine = [records[k] for _, k in keys if k in records]
+        picked = [pid for pid, k in keys if chosen is None or k in chosen]
+        setup = next((r.run for r in mine if r.run is not None), None) or target.setup \
+            or Setup(None, None)
+        tally = Tally.of(mine)
+        gates: List[Gate] = []
+        if settings.max_rate is not None:
+            gates.append(max_rate_gate(tally, settings.max_rate))
+        comparison = None
+        baseline = baselines.get(target.name)
+        if baseline is not None and (mine or target.name is None):  # a deselected matrix target compares nothing
+            comparison = compare(baseline, mine, env_of(settings.public(), setup, probe_set))
+            gates.append(should_fail(comparison, settings.fail_on))
+        own_checks = [c for c in checks if c.target == target.name]
+        verdict = judge(tally, settings.min_valid, interrupted, gates or None, placement_problem(mine + own_checks))
+        results.append(TargetResult(target, mine, picked, setup, tally, verdict, comparison))
+    if settings.targets:
+        verdict = combine_verdicts([(str(t.name), t.verdict) for t in results])
+    else:
+        verdict = results[0].verdict
+    return RunResult(settings, probe_set, results, verdict, list(checks))

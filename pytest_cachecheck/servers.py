@@ -1,0 +1,99 @@
+"""The server setup of a run, resolved and checked once before its first probe: which kind of server
+answers at each URL, the mode, the hit tolerance its cache blocks call for, and whether anything in the
+setup would spoil the measurement (then every probe of it errors with the fix named).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from .checks import run_checks
+from .clients import ChatClient, Http, detect_server
+from .errors import ServerSetupError
+from .model import Setup
+from .redact import Redactor, display_url
+from .settings import Settings
+
+
+@dataclass
+class ServerSetup:
+    """The resolved setup: mode, the caching server's client, the recompute server's (two-servers)."""
+
+    mode: str
+    cache: ChatClient
+    nocache: Optional[ChatClient]
+    hit_tolerance: Optional[int] = None  # None: as configured; set from the server's block size
+    checked: bool = False  # whether the setup checks that send requests have run
+    warnings: List[str] = field(default_factory=list)  # setup findings that do not stop the run
+    notes: List[str] = field(default_factory=list)  # what those checks saw
+
+    def describe(self) -> Setup:
+        return Setup(self.mode, self.cache.info.describe(),
+                     self.nocache.info.describe() if self.nocache is not None else None,
+                     self.hit_tolerance, list(self.warnings), list(self.notes))
+
+    def tolerance(self, configured: int) -> int:
+        return self.hit_tolerance if self.hit_tolerance is not None else configured
+
+    def check(self, skip_hit_check: bool) -> None:
+        """Run the setup checks that send requests; raises ServerSetupError when one finds a problem."""
+        self.checked = True
+        found = run_checks(self.cache, self.nocache, skip_hit_check)
+        self.warnings, self.notes = found.warnings, found.notes
+        if found.problems:
+            raise ServerSetupError("the server setup would spoil the measurement: " + "; ".join(found.problems))
+
+
+def problems(mode: str, cache: ChatClient, nocache: Optional[ChatClient]) -> List[str]:
+    """What the servers said about themselves that would spoil the measurement, each with its fix."""
+    found = cache.setup_problems()
+    if cache.prefix_caching() is False and mode == "one-server":
+        found.append(f"prefix caching is off on the {cache.kind} server under test; start it without "
+                     f"--no-enable-prefix-caching / --disable-radix-cache")
+    if nocache is not None:
+        if nocache.prefix_caching() is True:
+            found.append(f"the nocache server ({nocache.kind}) reports prefix caching on: both URLs may reach the "
+                         f"same server (a proxy or port forward), or start the second server with "
+                         f"--no-enable-prefix-caching (vLLM) or --disable-radix-cache (SGLang)")
+        a, b = cache.info.model, nocache.info.model
+        if cache.names_model and nocache.names_model and a and b and a != b:
+            found.append(f"the two servers serve different models ({a!r} and {b!r}); serve the same model on both")
+    return found
+
+
+def resolve(settings: Settings, redactor: Redactor) -> ServerSetup:
+    """Detect the servers and resolve the mode and tolerance. Sends nothing that generates. Raises
+    RequestError or ServerSetupError."""
+    s = settings
+    cache = detect_server(_http(s, s.url, redactor), s.model)
+    mode = s.mode
+    if mode == "auto":
+        mode = "llama.cpp" if cache.kind == "llama.cpp" else "one-server"
+    if mode == "llama.cpp" and cache.kind != "llama.cpp":
+        raise ServerSetupError(f"--cachecheck-mode llama.cpp, but {display_url(s.url)} does not answer like "
+                               f"llama-server (no /props); it looks like {cache.kind}")
+    if mode == "one-server" and cache.kind == "llama.cpp":
+        raise ServerSetupError("--cachecheck-mode one-server needs a server that honours cache_salt (vLLM, "
+                               "SGLang); llama-server has none: use --cachecheck-mode llama.cpp")
+    nocache = None
+    if mode == "two-servers":
+        assert s.nocache_url is not None
+        nocache = detect_server(_http(s, s.nocache_url, redactor), s.model, prefer=cache.info.model)
+    found = problems(mode, cache, nocache)
+    tolerance = s.hit_tolerance
+    block = cache.block_size()
+    if block is not None and block - 1 > tolerance:
+        if s.hit_tolerance_given:
+            found.append(f"the server caches in blocks of {block} tokens, so hits are rounded down by up to "
+                         f"{block - 1}; --cachecheck-hit-tolerance {tolerance} is too small (use at least "
+                         f"{block - 1})")
+        else:
+            tolerance = block - 1
+    if found:
+        raise ServerSetupError("the server setup would spoil the measurement: " + "; ".join(found))
+    return ServerSetup(mode, cache, nocache, tolerance if tolerance != s.hit_tolerance else None)
+
+
+def _http(settings: Settings, url: str, redactor: Redactor) -> Http:
+    return Http(url, api_key=settings.api_key, timeout=settings.timeout, redactor=redactor)

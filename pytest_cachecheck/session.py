@@ -1,0 +1,133 @@
+"""What one pytest session of the plugin holds: the settings, the probes, one runner per target, the
+baselines, the server it started. Built once from the raw option values; every bad value raises
+ConfigError before any request. Knows nothing about pytest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+
+from .errors import ConfigError, RequestError, ServerSetupError
+from .model import Outcome, ProbeSet, record_key
+from .probes import Probe, ProbeFileError, builtin_probes, load_probes, probe_set_fingerprint
+from .redact import Redactor
+from .settings import Settings, resolve
+
+if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
+    from .baseline import Baseline
+    from .protocol import Runner
+    from .run import TargetInput
+    from .serve import Served
+
+
+class CheckSession:
+    """The plugin's state for one pytest session (on the controller and on each xdist worker)."""
+
+    def __init__(self, settings: Settings, probes: List[Probe], probe_set: ProbeSet,
+                 baselines: Dict[Optional[str], "Baseline"], served: Optional["Served"] = None) -> None:
+        from .protocol import Runner
+
+        self.settings = settings
+        self.probes = probes
+        self.probe_set = probe_set
+        self.baselines = baselines
+        self.served = served
+        self.redactor = Redactor()
+        for _, url in settings.targets:
+            self.redactor.add_url(url)
+        #: one runner per target of a matrix; one runner, under the name None, otherwise
+        self.runners: Dict[Optional[str], Runner] = {}
+        for name, url in settings.targets or ((None, settings.url),):
+            own = settings if name is None else dataclasses.replace(settings, url=url)
+            self.runners[name] = Runner(own, self.redactor)
+
+    @property
+    def targets(self) -> List[Optional[str]]:
+        return list(self.runners)
+
+    def runner(self, target: Optional[str] = None) -> "Runner":
+        return self.runners[target]
+
+    def keys(self) -> List[str]:
+        """Every probe item's record key, in run order (target by target)."""
+        return [record_key(p.id, t) for t in self.targets for p in self.probes]
+
+    def baseline_different(self, target: Optional[str]) -> Dict[str, str]:
+        """id -> conversation fingerprint of the probes that differed in the target's baseline."""
+        baseline = self.baselines.get(target)
+        if baseline is None:
+            return {}
+        return {r.id: r.fingerprint for r in baseline.records if r.outcome == Outcome.DIFFERENT}
+
+    def prepare(self, *, send: bool) -> Dict[Optional[str], Optional[str]]:
+        """Resolve (and, with ``send``, check) every target's server setup; target -> error text or None."""
+        errors: Dict[Optional[str], Optional[str]] = {}
+        for name, runner in self.runners.items():
+            try:
+                runner.prepare(send=send)
+                errors[name] = None
+            except (RequestError, ServerSetupError) as exc:
+                errors[name] = str(exc)
+        return errors
+
+    def target_inputs(self) -> List["TargetInput"]:
+        from .run import TargetInput
+
+        served = self.served.describe() if self.served is not None else None
+        return [TargetInput(name, runner.settings.url,
+                            runner.setup.describe() if runner.setup is not None else None, served)
+                for name, runner in self.runners.items()]
+
+
+def open_session(raw: Dict[str, Any], base_dir: Path, *, served_url: Optional[str] = None,
+                 start_server: Optional[Callable[[str, Optional[str]], "Served"]] = None,
+                 own_replica: Callable[[Settings], Settings] = lambda s: s) -> Optional[CheckSession]:
+    """The session for these raw option values (command line over ini over environment), or None when
+    no server is given (the plugin stays off). ``served_url``: the server the controller started, on a
+    worker; ``start_server``: how the controller starts ``--cachecheck-serve``'s server, once all else is
+    valid. Raises ConfigError."""
+    serving = bool(raw.get("serve"))
+    if serving:
+        if raw.get("url") or raw.get("nocache_url") or raw.get("target"):
+            raise ConfigError("--cachecheck-serve starts its own llama-server; it conflicts with "
+                              "--cachecheck-url, --cachecheck-target and --cachecheck-nocache-url (ini or "
+                              "CACHECHECK_URL)")
+        from .serve import check_serve_args
+
+        check_serve_args(raw["serve"], raw.get("server_args"))
+        raw = dict(raw, url=[served_url or "http://127.0.0.1:1"])
+    settings = resolve(raw, base_dir=base_dir)
+    if settings is None:
+        return None
+    settings = own_replica(settings)
+    try:
+        probes = load_probes(settings.probe_files) if settings.probe_files else builtin_probes()
+    except ProbeFileError as exc:
+        raise ConfigError(f"--cachecheck-probes: bad probe file: {exc}") from None
+    if settings.n is not None:
+        probes = probes[: settings.n]
+    name = "builtin" if not settings.probe_files else "+".join(Path(p).name for p in settings.probe_files)
+    probe_set = ProbeSet(name, len(probes), probe_set_fingerprint(probes))
+    baselines = _baselines(settings)
+    served = None
+    if serving and start_server is not None:
+        assert settings.serve is not None
+        served = start_server(settings.serve, settings.server_args)
+        settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))
+    return CheckSession(settings, probes, probe_set, baselines, served)
+
+
+def _baselines(settings: Settings) -> Dict[Optional[str], "Baseline"]:
+    if not settings.baseline:
+        return {}
+    from .baseline import BaselineError, baseline_for, load_baseline
+
+    try:
+        loaded = load_baseline(settings.baseline)
+        names: List[Optional[str]] = [n for n, _ in settings.targets] or [None]
+        return {name: baseline_for(loaded, name, settings.baseline) for name in names}
+    except BaselineError as exc:
+        raise ConfigError(f"--cachecheck-baseline: {exc}") from None
+

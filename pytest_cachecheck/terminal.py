@@ -1,0 +1,218 @@
+"""Every line the plugin prints: the header, the session summary, the matrix table, the baseline
+comparison and the shareable result block. Functions return lines; the reporter writes them (through
+the redactor). Knows nothing about pytest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+
+from . import __version__
+from .model import STILL_SAME, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict
+from .redact import display_url
+from .session import CheckSession
+from .settings import reproduce_args
+from .stats import format_p
+
+
+@dataclass
+class Line:
+    text: str
+    markup: Dict[str, bool] = field(default_factory=dict)
+
+
+@dataclass
+class Sep:
+    char: str
+    title: str
+
+
+Out = Union[Line, Sep]
+
+
+def divergence_line(t: Tally) -> str:
+    return f"{t.different} of {t.valid} valid probes gave a different turn-2 answer on the cache path."
+
+
+def rate_line(t: Tally) -> Optional[str]:
+    rate = t.rate
+    if rate is None:
+        return None
+    lo, hi = rate.ci95
+    return f"divergence rate {rate.value:.1%} (95% Wilson interval {lo:.1%} to {hi:.1%}, {t.valid} valid probes)"
+
+
+# -- the header ---------------------------------------------------------------------------------------------
+def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[str]]) -> List[str]:
+    """The plugin's lines in pytest's header: servers, the setup of each, the probes, how to reproduce.
+    ``setup_errors``: target -> why its setup is not usable; a target missing from it was not contacted."""
+    s = session.settings
+    lines = []
+    if len(s.replicas) > 1:
+        lines.append(f"cachecheck: {len(s.replicas)} servers given: with -n N each xdist worker owns one; "
+                     f"without -n only the first is used")
+    if s.targets:
+        lines.append(f"cachecheck: target matrix of {len(s.targets)}: every probe runs on "
+                     + ", ".join(f"{n} ({display_url(u)})" for n, u in s.targets))
+    if session.served is not None:
+        served = session.served
+        what = ("the demo model: tiny, RANDOM weights generated on this machine, so its answers are word "
+                "salad; the prompt cache it exercises is real" if served.demo else served.model.name)
+        lines.append(f"cachecheck: serving {what}")
+        lines.append(f"cachecheck: llama-server at {served.server.url}, log {served.server.log_path}")
+    for name, runner in session.runners.items():
+        label = "cachecheck: " + (f"target {name}: " if name is not None else "")
+        error = setup_errors.get(name, "not contacted (--collect-only)")
+        lines += [session.redactor.scrub(line)
+                  for line in setup_line(label, s.mode, runner.setup if not error else None, error)]
+    lines += [f"cachecheck: {len(session.probes)} probes ({session.probe_set.name}) | max_tokens {s.max_tokens} "
+              f"| hit_tolerance {s.hit_tolerance}",
+              "cachecheck: reproduce with: pytest " + session.redactor.scrub(" ".join(reproduce_args(s)))]
+    return lines
+
+
+def setup_line(label: str, configured_mode: str, setup: Optional[Any], error: Optional[str]) -> List[str]:
+    """Header lines for one target: mode, server, model, a raised tolerance and setup warnings.
+    ``setup`` is the resolved ``servers.ServerSetup`` (None with ``error``)."""
+    if setup is None:
+        return [f"{label}mode {configured_mode} | server not usable: {error}"]
+    server = setup.cache.info
+    how = " (auto-detected)" if configured_mode == "auto" else ""
+    desc = f"{label}mode {setup.mode}{how} | server {server.kind} {server.build or ''} | model {server.model or '?'}"
+    if setup.hit_tolerance is not None:
+        desc += (f" | hit_tolerance raised to {setup.hit_tolerance} for the server's {setup.hit_tolerance + 1}-token "
+                 f"cache blocks")
+    return [desc] + [f"{label}warning: {w}" for w in setup.warnings]
+
+
+# -- the summary --------------------------------------------------------------------------------------------
+def comparison_lines(c: Comparison, verbose: bool = False) -> List[str]:
+    """A table (id, before, after, status), most important first, then the verdict, the rates and the
+    environment notes and warnings. Unless ``verbose``, "still same" rows are folded into one line."""
+    shown = [r for r in c.rows if verbose or r.status != STILL_SAME]
+    folded = len(c.rows) - len(shown)
+    title = "comparison with the baseline"
+    if c.baseline_created:
+        title += f" of {c.baseline_created}"
+    out = [title]
+    if shown:
+        w_id = max(2, min(40, max(len(r.id) for r in shown)))
+        w_b = max(6, *(len(r.before or "-") for r in shown))
+        w_a = max(5, *(len(r.after or "-") for r in shown))
+        out.append(f"  {'id':<{w_id}}  {'before':<{w_b}}  {'after':<{w_a}}  status")
+        for r in shown:
+            ident = r.id if len(r.id) <= w_id else r.id[:w_id - 3] + "..."
+            before, after = r.before or "-", r.after or "-"
+            out.append(f"  {ident:<{w_id}}  {before:<{w_b}}  {after:<{w_a}}  {r.status}")
+    if folded:
+        out.append(f"  ({folded} probe(s) still same" + ("" if verbose else "; -v lists them") + ")")
+    if not c.rows:
+        out.append("  (no probes in either run)")
+    out.append("counts: " + " | ".join(f"{s} {n}" for s, n in c.counts.items() if n))
+    out.append(f"baseline verdict: {c.verdict} ({c.why}; exact McNemar p = {format_p(c.mcnemar_p)})")
+    base = c.baseline_rate.text() if c.baseline_rate else "n/a (no valid probes)"
+    cur = c.current_rate.text() if c.current_rate else "n/a (no valid probes)"
+    out.append(f"divergence rate: baseline {base} -> now {cur}")
+    out.extend(c.env_warnings)
+    return out
+
+
+def matrix_lines(targets: Sequence[TargetReport]) -> List[str]:
+    """The side-by-side table of a target matrix: counts, rate with its 95% interval, and the paired
+    comparison of each target with the first (probes that diverged on one only, exact McNemar p)."""
+    ref = str(targets[0].name)
+    header = ("target", "server", "valid", "same", "diff", "inconcl", "errors", "rate", "95% interval", f"vs {ref}")
+    rows = [header]
+    for i, t in enumerate(targets):
+        tally, rate, cmp = t.summary.tally, t.summary.rate, t.vs_reference
+        vs = "(reference)"
+        if not tally.probes:
+            vs = "not run (no probe of this target was selected)"
+        elif i and not targets[0].summary.tally.probes:
+            vs = f"n/a ({ref} ran no probe)"
+        elif i and cmp is not None:
+            vs = (f"{cmp.b} diverged only here, {cmp.c} only on {ref}; McNemar p = {format_p(cmp.mcnemar_p)}")
+        server = t.setup.server
+        rows.append((str(t.name), server.label() if server else "?", str(tally.valid), str(tally.same),
+                     str(tally.different), str(tally.inconclusive), str(tally.errors),
+                     f"{rate.value:.1%}" if rate else "n/a",
+                     f"{rate.ci95[0]:.1%} to {rate.ci95[1]:.1%}" if rate else "n/a", vs))
+    widths = [min(48, max(len(r[c]) for r in rows)) for c in range(len(header) - 1)]
+    out = []
+    for r in rows:
+        cells = [(r[c] if len(r[c]) <= widths[c] else r[c][:widths[c] - 3] + "...").ljust(widths[c])
+                 for c in range(len(widths))]
+        out.append("  ".join(cells + [r[-1]]).rstrip())
+    return out
+
+
+def result_block(t: Tally, setup: Setup, settings: Mapping[str, Any], probe_set: ProbeSet) -> List[str]:
+    """Lines meant for sharing: counts and settings, no URL, no key, no conversation text."""
+    server = setup.server
+    tolerance = setup.hit_tolerance if setup.hit_tolerance is not None else settings.get("hit_tolerance")
+    lines = [
+        f"pytest-cachecheck {__version__} | mode {setup.mode or '?'} | server {server.kind if server else '?'}"
+        f" {(server.build if server else None) or ''}".rstrip() + f" | model {(server.model if server else None) or '?'}",
+        f"probe set {probe_set.name} ({probe_set.fingerprint[:19]}) | max_tokens {settings.get('max_tokens')} | "
+        f"hit_tolerance {tolerance}" + (" | skip_hit_check" if settings.get("skip_hit_check") else ""),
+        f"probes {t.probes} | valid {t.valid} | same {t.same} | different {t.different} | "
+        f"inconclusive {t.inconclusive} | errors {t.errors}",
+        divergence_line(t),
+    ]
+    rate = rate_line(t)
+    if rate:
+        lines.append(rate)
+    return lines
+
+
+def _target_lines(t: TargetReport, label: str, baseline_path: Optional[str], verbose: bool) -> List[Out]:
+    """Errors, the likely cause of recompute reuse, setup warnings and the baseline comparison."""
+    out: List[Out] = []
+    errored = [r.reason for r in t.probes if r.outcome == "error"]
+    if errored:
+        out.append(Line(f"{label}errors: {len(errored)}; the first: {errored[0][:240]}", {"red": True}))
+    if t.summary.recompute_reuse_cause:
+        out.append(Line(f"{label}cause: " + t.summary.recompute_reuse_cause, {"yellow": True}))
+    for warning in t.setup.setup_warnings:
+        out.append(Line(f"{label}setup warning: " + warning, {"yellow": True}))
+    if t.baseline is not None:
+        out.append(Sep("-", f"cachecheck baseline comparison ({baseline_path})"
+                       + (f", target {t.name}" if t.name is not None else "")))
+        out += [Line(line) for line in comparison_lines(t.baseline, verbose)]
+    return out
+
+
+def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], verbose: bool) -> List[Out]:
+    """The session summary: counts, rate, causes and warnings, comparisons, the verdict, the result block."""
+    out: List[Out] = [Sep("=", "cachecheck summary")]
+    total = sum(t.summary.tally.probes for t in report.targets)
+    if total == 0:
+        out.append(Line("cachecheck: no probe ran"))
+    elif report.matrix:
+        out += [Line(line) for line in matrix_lines(report.targets)]
+        for t in report.targets:
+            out += _target_lines(t, f"{t.name}: ", baseline_path, verbose)
+    else:
+        t = report.targets[0]
+        tally = t.summary.tally
+        out.append(Line(f"probes: {tally.probes} | valid: {tally.valid} (same {tally.same}, different "
+                        f"{tally.different}) | inconclusive: {tally.inconclusive} | errors: {tally.errors}"))
+        out.append(Line(divergence_line(tally), {"bold": True, "red": bool(tally.different)}))
+        rate = rate_line(tally)
+        if rate:
+            out.append(Line(rate))
+        out += _target_lines(t, "", baseline_path, verbose)
+    if total:
+        word = "PASS" if verdict.ok else "FAIL"
+        out.append(Line(f"cachecheck verdict: {word} ({verdict.status}): {verdict.why}",
+                        {"green": verdict.ok, "red": not verdict.ok}))
+        out.append(Sep("-", "cachecheck result (to share: no URL, key or conversation text)"))
+        for t in report.targets:
+            prefix = f"[{t.name}] " if report.matrix else ""
+            if report.matrix and not t.summary.tally.probes:
+                out.append(Line(prefix + "no probe ran"))
+                continue
+            for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set):
+                out.append(Line(prefix + line))
+    return out
