@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import __version__
+from .redact import scrub_data
 
 SCHEMA_VERSION = 1
 
@@ -304,8 +305,10 @@ def write_text_atomic(path: str, text: str, suffix: str = ".tmp") -> None:
 
 
 def write_json_atomic(path: str, data: Mapping[str, Any], scrub: Any = None) -> None:
-    """Write the JSON report atomically, passing its text through ``scrub`` first."""
-    text = json.dumps(data, indent=2, ensure_ascii=False)
+    """Write the JSON report atomically, with ``scrub`` (e.g. ``Redactor.scrub``) applied to every string
+    value first (and to keys that hold a secret): scrubbing the JSON text instead would miss a secret JSON
+    escapes, and a secret that is a JSON word (``true``, ``null``) would break the syntax."""
     if scrub is not None:
-        text = scrub(text)
+        data = scrub_data(data, scrub)
+    text = json.dumps(data, indent=2, ensure_ascii=False)
     write_text_atomic(path, text + "\n", ".json.tmp")
