@@ -57,6 +57,7 @@ from .model import (CONVERSATION_CHANGED, HEALED, NEW_PROBE, NEWLY_DIVERGED, NEW
                     NOT_RUN, STATUSES, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME, Comparison, Outcome,
                     ProbeRecord, ProbeSet, Rate, ReportError, Row, RunReport, Setup)
 from .stats import mcnemar_exact
+from .text import printable
 
 _RANK = {s: i for i, s in enumerate(STATUSES)}
 POLICIES: Tuple[str, ...] = ("new-divergence", "rate-increase", "never")
@@ -186,7 +187,7 @@ def env_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> List[str
         a, b = before.get(name), after.get(name)
         if a == b:
             continue
-        change = f"{label} changed: {_show(name, a)[:120]} -> {_show(name, b)[:120]}"
+        change = f"{label} changed: {printable(_show(name, a), 120)} -> {printable(_show(name, b), 120)}"
         if name in _NOTE_FIELDS:
             out.append(f"note: {change} (expected in an upgrade)")
         elif name == "probe_set":

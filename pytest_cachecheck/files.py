@@ -8,7 +8,8 @@ import os
 import tempfile
 from typing import Any, Callable, Optional
 
-from .model import RunReport, scrubbed
+from .model import RunReport
+from .redact import scrub_data
 
 
 def write_text_atomic(path: str, text: str, suffix: str = ".tmp") -> None:
@@ -16,6 +17,7 @@ def write_text_atomic(path: str, text: str, suffix: str = ".tmp") -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".cachecheck-", suffix=suffix, dir=directory)
     try:
+        # a lone surrogate from a server becomes \\udXXX: in JSON a valid escape, never a crash
         with os.fdopen(fd, "w", encoding="utf-8", errors="backslashreplace") as f:
             f.write(text)
         os.replace(tmp, path)
@@ -32,5 +34,5 @@ def write_report(path: str, report: RunReport, scrub: Optional[Callable[[str], s
     rewrite keys or literals)."""
     data: Any = report.to_json()
     if scrub is not None:
-        data = scrubbed(data, scrub)
+        data = scrub_data(data, scrub)
     write_text_atomic(path, json.dumps(data, indent=2, ensure_ascii=False) + "\n", ".json.tmp")

@@ -22,9 +22,9 @@ import html
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
 
 from .files import write_text_atomic
-from .model import RunReport, scrubbed
+from .model import RunReport
 from .protocol import first_difference
-from .redact import display_url
+from .redact import display_url, scrub_data
 from .stats import format_p
 
 __all__ = ["render_html", "write_html"]
@@ -554,10 +554,10 @@ def _render_matrix(report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]
 
 def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None) -> str:
     """The whole page for a run report; ``scrub`` (e.g. ``Redactor.scrub``) is applied to every string of
-    the report before rendering, and to the finished page."""
+    the report before rendering."""
     data: Mapping[str, Any] = report.to_json()
     if scrub is not None:
-        data = scrubbed(data, scrub)
+        data = scrub_data(data, scrub)
     comparison = data.get("baseline") if isinstance(data.get("baseline"), Mapping) else None
     probes = [p for p in (data.get("probes") or []) if isinstance(p, Mapping)]
     matrix = report.matrix
@@ -585,8 +585,7 @@ def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None)
         parts += _render_single(data, probes, comparison)
     parts.append('<p class="footer">Self-contained page written by pytest-cachecheck: no scripts, '
                  "no external resources.</p></body></html>")
-    text = "\n".join(parts) + "\n"
-    return scrub(text) if scrub is not None else text
+    return "\n".join(parts) + "\n"
 
 
 def _render_single(report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]],

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from . import __version__
 from .stats import wilson
+from .text import printable
 
 SCHEMA_VERSION = 1
 TOOL = "pytest-cachecheck"
@@ -54,6 +55,11 @@ class Status(_Word):
     UNRELIABLE = "unreliable"  # two processes sent to one server: nothing can be trusted
     INTERRUPTED = "interrupted"
     NO_PROBES = "no-probes"
+
+
+def shown(value: Any, limit: int = 80) -> str:
+    """A server-supplied value as it may be shown: on one line, inert in a terminal, at most ``limit``."""
+    return printable(str(value), limit)
 
 
 def record_key(probe_id: str, target: Optional[str]) -> str:
@@ -159,8 +165,8 @@ class ServerDescription:
     details: Dict[str, Any] = field(default_factory=dict)
 
     def label(self) -> str:
-        """``kind build model`` for tables."""
-        return " ".join(str(x) for x in (self.kind, self.build, self.model) if x) or "?"
+        """``kind build model`` for tables, each part as it may be shown (a server's strings are untrusted)."""
+        return " ".join(shown(x) for x in (self.kind, self.build, self.model) if x) or "?"
 
     def to_json(self) -> Dict[str, Any]:
         return {"kind": self.kind, "build": self.build, "model": self.model, "details": self.details}
@@ -342,6 +348,10 @@ class ProbeRecord:
     worker: Optional[str] = None  # the xdist worker that measured it
     run: Optional[Setup] = None  # the setup as the measuring process saw it
     test: Optional[str] = None  # the node id of the test that called cachecheck.check()
+
+    def __repr__(self) -> str:
+        # short, and without the answers (a traceback with -l shows it; answers may echo what was sent)
+        return f"ProbeRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
 
     @property
     def key(self) -> str:
@@ -749,13 +759,3 @@ class RunReport:
                    created, [ProbeRecord.from_json(c.value, c.path) for c in f["checks"].opt_items()],
                    tool_version, matrix)
 
-
-def scrubbed(data: Any, scrub: Callable[[str], str]) -> Any:
-    """A JSON-able value with ``scrub`` applied to every string in it (keys too)."""
-    if isinstance(data, str):
-        return scrub(data)
-    if isinstance(data, Mapping):
-        return {scrub(str(k)): scrubbed(v, scrub) for k, v in data.items()}
-    if isinstance(data, (list, tuple)):
-        return [scrubbed(v, scrub) for v in data]
-    return data

@@ -285,7 +285,7 @@ class CacheCheck:
         Raises ValueError for a malformed conversation or an unknown target, and RequestError when a
         request fails.
         """
-        __tracebackhide__ = True
+        __tracebackhide__ = True  # its locals (the runner, the state) lead to the settings and URLs
         names = self._state.session.targets
         if target is None:
             target = names[0]

@@ -95,6 +95,7 @@ class Runner:
     """Runs probes against the configured server(s): resolves and checks the setup once, then measures."""
 
     def __init__(self, settings: Settings, redactor: Optional[Redactor] = None) -> None:
+        __tracebackhide__ = True  # ``url`` may hold credentials
         self.settings = settings
         self.redactor = redactor or Redactor()
         self.redactor.add(settings.api_key)

@@ -15,9 +15,11 @@ from .model import ProbeRecord, RunReport, record_key
 from .probes import Probe
 from .run import RunResult, summarise
 from .session import CheckSession
+from .text import printable
 
 RECORD = "cachecheck"  # user_properties key of a probe record
 CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check() record
+TERMINAL_LINE = 4000  # the longest summary line printed
 
 
 class Reporter:
@@ -80,7 +82,10 @@ class Reporter:
         if self.result is None or self.report is None:
             return
         tr = terminalreporter
-        scrub = self.session.redactor.scrub
+
+        def scrub(text: str) -> str:  # no secret, and no server text that could forge a line
+            return printable(self.session.redactor.scrub(text), TERMINAL_LINE)
+
         lines = terminal.summary(self.report, self.result.verdict, self.session.settings.baseline,
                                  self.config.option.verbose > 0)
         for out in lines:

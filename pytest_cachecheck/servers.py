@@ -14,6 +14,7 @@ from .errors import ServerSetupError
 from .model import Setup
 from .redact import Redactor, display_url
 from .settings import Settings
+from .text import printable
 
 
 @dataclass
@@ -58,7 +59,8 @@ def problems(mode: str, cache: ChatClient, nocache: Optional[ChatClient]) -> Lis
                          f"--no-enable-prefix-caching (vLLM) or --disable-radix-cache (SGLang)")
         a, b = cache.info.model, nocache.info.model
         if cache.names_model and nocache.names_model and a and b and a != b:
-            found.append(f"the two servers serve different models ({a!r} and {b!r}); serve the same model on both")
+            found.append(f"the two servers serve different models ({printable(repr(a), 120)} and "
+                         f"{printable(repr(b), 120)}); serve the same model on both")
     return found
 
 
@@ -96,4 +98,5 @@ def resolve(settings: Settings, redactor: Redactor) -> ServerSetup:
 
 
 def _http(settings: Settings, url: str, redactor: Redactor) -> Http:
+    __tracebackhide__ = True  # ``url`` may hold credentials
     return Http(url, api_key=settings.api_key, timeout=settings.timeout, redactor=redactor)

@@ -97,7 +97,7 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, served_url: Optional[st
         from .serve import check_serve_args
 
         check_serve_args(raw["serve"], raw.get("server_args"))
-        raw = dict(raw, url=[served_url or "http://127.0.0.1:1"])
+        raw["url"] = [served_url or "http://127.0.0.1:1"]
     settings = resolve(raw, base_dir=base_dir)
     if settings is None:
         return None

@@ -7,6 +7,7 @@ allowed; the plugin turns that into ``pytest.UsageError`` before any request is 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import re
@@ -17,7 +18,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlsplit
 
 from .errors import ConfigError
-from .redact import display_url
+from .redact import MIN_SECRET, ambiguous_url, display_url, split_credentials
 
 MODES = ("auto", "llama.cpp", "one-server", "two-servers")
 FAIL_POLICIES = ("new-divergence", "rate-increase", "never")
@@ -84,7 +85,8 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("no_logprobs", "--cachecheck-no-logprobs",
                "do not ask for top-2 logprobs on turn-2 requests (they give each divergence its margin)",
                kind="bool"),
-    OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server",
+    OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server (at least 8 "
+               "printable ASCII characters)",
                "CACHECHECK_API_KEY", metavar="KEY"),
     OptionSpec("serve", "--cachecheck-serve",
                "start llama-server for the run with this model (a .gguf file, or 'demo' for a tiny "
@@ -92,7 +94,8 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("server_args", "--cachecheck-server-args",
                "extra llama-server flags for --cachecheck-serve, as one quoted string", metavar="ARGS"),
     OptionSpec("timeout", "--cachecheck-timeout",
-               f"seconds per request (default {DEFAULT_TIMEOUT:g})", metavar="SECONDS"),
+               f"a deadline in seconds for each whole request (default {DEFAULT_TIMEOUT:g})",
+               metavar="SECONDS"),
     OptionSpec("min_valid", "--cachecheck-min-valid",
                f"fraction of probes that must be valid for a pass (default {DEFAULT_MIN_VALID})",
                metavar="FRACTION"),
@@ -127,6 +130,17 @@ class Settings:
     max_rate: Optional[float] = None
     logprobs: bool = True
     hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
+
+    def __repr__(self) -> str:
+        """Like the generated one, with every URL as :func:`display_url` shows it and no key (a traceback
+        with ``-l`` shows it)."""
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "api_key"}
+        shown["url"] = display_url(self.url)
+        shown["replicas"] = tuple(display_url(u) for u in self.replicas)
+        shown["targets"] = tuple((n, display_url(u)) for n, u in self.targets)
+        shown["nocache_url"] = display_url(self.nocache_url) if self.nocache_url else None
+        shown["api_key_set"] = self.api_key is not None
+        return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     @property
     def gated(self) -> bool:
@@ -164,32 +178,66 @@ Getter = Callable[[str], Any]
 
 def _bad(name: str, value: Any, allowed: str) -> ConfigError:
     spec = SPECS[name]
-    shown = display_url(str(value)) if name in ("url", "nocache_url") else value
-    if name == "target" and "=" in str(value):
-        target_name, _, target_url = str(value).partition("=")
-        shown = target_name + "=" + display_url(target_url)
+    shown = display_url(str(value).strip()) if name in ("url", "nocache_url") else value
+    if name == "target":  # NAME=URL; without a valid NAME, all of it may be a URL (its query holds '=')
+        target_name, sep, target_url = str(value).strip().partition("=")
+        named = sep and _TARGET_NAME.fullmatch(target_name)
+        shown = (target_name + "=" + display_url(target_url.strip())) if named \
+            else display_url(str(value).strip())
     if name == "api_key":
         shown = "***"
     return ConfigError(f"{spec.flag} (ini {spec.ini}): {shown!r} is not allowed; expected {allowed}")
 
 
-def _url(name: str, value: str) -> str:
+_AMBIGUOUS = ("a URL without '@' after its host (percent-encode '/', '?', '#' and '@' in a user name or "
+              "password as %2F, %3F, %23 and %40, and '@' in a path or query as %40)")
+
+
+def _url_problem(value: str) -> Optional[str]:
+    """What is wrong with a server URL (as the 'expected ...' of a usage error), or None."""
+    if ambiguous_url(value):
+        return _AMBIGUOUS
     try:
-        parts = urlsplit(value.strip())
+        parts = urlsplit(value)
         hostname = parts.hostname
     except ValueError:
-        raise _bad(name, value, "an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080") from None
+        return "an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080"
     if parts.scheme not in ("http", "https") or not hostname:
-        raise _bad(name, value, "an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080")
+        return "an http:// or https:// URL with a host, e.g. http://127.0.0.1:8080"
     try:
         port = parts.port
     except ValueError:
         port = -1
     if port is not None and not 1 <= port <= 65535:
-        raise _bad(name, value, "a URL whose port is a number from 1 to 65535")
+        return "a URL whose port is a number from 1 to 65535"
     if parts.fragment:
-        raise _bad(name, value, "a URL without a #fragment")
+        return "a URL without a #fragment"
+    _, creds = split_credentials(value)
+    if creds and creds[1] and len(creds[1]) < MIN_SECRET:
+        return (f"a URL whose password has at least {MIN_SECRET} characters (a shorter one cannot be kept "
+                f"out of the output without masking ordinary words)")
+    return None
+
+
+def _url(name: str, value: str) -> str:
+    problem = _url_problem(value.strip())
+    if problem:
+        raise _bad(name, value, problem)
     return value.strip().rstrip("/")
+
+
+def _api_key(value: Any) -> Optional[str]:
+    """The API key, refused (never shown) when a header cannot carry it or output cannot mask it."""
+    if value is None or value == "":
+        return None
+    key = str(value)
+    if not all("\x21" <= c <= "\x7e" for c in key):
+        raise _bad("api_key", key, "printable ASCII without spaces or line breaks (an HTTP header cannot "
+                                   "carry the key as given; look for a stray newline)")
+    if len(key) < MIN_SECRET:
+        raise _bad("api_key", key, f"a key of at least {MIN_SECRET} characters (a shorter one cannot be "
+                                   f"kept out of the output without masking ordinary words)")
+    return key
 
 
 def _int(name: str, value: Any, low: int, high: int) -> int:
@@ -248,9 +296,16 @@ def _writable_report(value: str, base: Path, name: str = "report") -> str:
     return str(path)
 
 
+class RawOptions(Dict[str, Any]):
+    """The raw option values; its repr names only the options given (a traceback with -l shows it)."""
+
+    def __repr__(self) -> str:
+        return "RawOptions(given: " + ", ".join(k for k, v in self.items() if v is not None) + ")"
+
+
 def lookup(cli: Getter, ini: Getter, env: Mapping[str, str]) -> Dict[str, Any]:
     """Raw values by precedence: command line, ini, environment. ``None`` where nothing was given."""
-    raw: Dict[str, Any] = {}
+    raw: Dict[str, Any] = RawOptions()
     for spec in OPTIONS:
         value = cli(spec.name)
         if value in (None, [], False):
@@ -370,7 +425,7 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         if raw.get("hit_tolerance") is not None else DEFAULT_TOLERANCE,
         skip_hit_check=skip,
         report=_writable_report(str(report), base_dir) if report else None,
-        api_key=str(api_key) if api_key else None,
+        api_key=_api_key(api_key),
         timeout=_float("timeout", raw["timeout"], 0.0, 86400.0, low_open=True)
         if raw.get("timeout") is not None else DEFAULT_TIMEOUT,
         min_valid=_float("min_valid", raw["min_valid"], 0.0, 1.0)
@@ -392,11 +447,10 @@ def _targets(value: Any) -> Tuple[Tuple[str, str], ...]:
         if not sep or not _TARGET_NAME.fullmatch(name):
             raise _bad("target", entry, "NAME=URL, where NAME is 1-40 letters, digits, '.', '_', '+' or '-' "
                        "starting with a letter or digit (e.g. f16=http://127.0.0.1:8080)")
-        try:
-            url = _url("url", url)
-        except ConfigError:
-            raise _bad("target", entry, "NAME=URL with an http:// or https:// URL with a host, e.g. "
-                       "f16=http://127.0.0.1:8080") from None
+        problem = _url_problem(url.strip())
+        if problem:
+            raise _bad("target", entry, f"NAME=URL with {problem}")
+        url = url.strip().rstrip("/")
         if any(n == name for n, _ in out):
             raise _bad("target", entry, f"a different name for each target ({name!r} is given twice)")
         if any(u == url for _, u in out):

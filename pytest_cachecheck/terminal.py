@@ -9,11 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import __version__
-from .model import STILL_SAME, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict
+from .model import STILL_SAME, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict, shown
 from .redact import display_url
 from .session import CheckSession
 from .settings import reproduce_args
 from .stats import format_p
+from .text import printable
 
 
 @dataclass
@@ -64,7 +65,7 @@ def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[
     for name, runner in session.runners.items():
         label = "cachecheck: " + (f"target {name}: " if name is not None else "")
         error = setup_errors.get(name, "not contacted (--collect-only)")
-        lines += [session.redactor.scrub(line)
+        lines += [printable(session.redactor.scrub(line), 4000)
                   for line in setup_line(label, s.mode, runner.setup if not error else None, error)]
     lines += [f"cachecheck: {len(session.probes)} probes ({session.probe_set.name}) | max_tokens {s.max_tokens} "
               f"| hit_tolerance {s.hit_tolerance}",
@@ -79,7 +80,8 @@ def setup_line(label: str, configured_mode: str, setup: Optional[Any], error: Op
         return [f"{label}mode {configured_mode} | server not usable: {error}"]
     server = setup.cache.info
     how = " (auto-detected)" if configured_mode == "auto" else ""
-    desc = f"{label}mode {setup.mode}{how} | server {server.kind} {server.build or ''} | model {server.model or '?'}"
+    desc = (f"{label}mode {setup.mode}{how} | server {server.kind} {shown(server.build or '')} | model "
+            f"{shown(server.model or '?')}")
     if setup.hit_tolerance is not None:
         desc += (f" | hit_tolerance raised to {setup.hit_tolerance} for the server's {setup.hit_tolerance + 1}-token "
                  f"cache blocks")
@@ -153,7 +155,8 @@ def result_block(t: Tally, setup: Setup, settings: Mapping[str, Any], probe_set:
     tolerance = setup.hit_tolerance if setup.hit_tolerance is not None else settings.get("hit_tolerance")
     lines = [
         f"pytest-cachecheck {__version__} | mode {setup.mode or '?'} | server {server.kind if server else '?'}"
-        f" {(server.build if server else None) or ''}".rstrip() + f" | model {(server.model if server else None) or '?'}",
+        f" {shown((server.build if server else None) or '')}".rstrip()
+        + f" | model {shown((server.model if server else None) or '?')}",
         f"probe set {probe_set.name} ({probe_set.fingerprint[:19]}) | max_tokens {settings.get('max_tokens')} | "
         f"hit_tolerance {tolerance}" + (" | skip_hit_check" if settings.get("skip_hit_check") else ""),
         f"probes {t.probes} | valid {t.valid} | same {t.same} | different {t.different} | "

@@ -102,6 +102,48 @@ def test_fault_errors_that_probe_and_the_session_goes_on(pytester, emulator, fau
     assert len(errored["requests"]) == at - 7  # what it measured before the fault
 
 
+# -- hostile or broken replies -------------------------------------------------------------------------
+# (fault, words of the cause). Each hits probe 2's first request; run in a subprocess, so a blow-up of memory
+# or an exception that escapes cannot take the test process with it.
+HOSTILE = [
+    ("huge", "the body is larger than 3145728 bytes once decoded (a reply of max_tokens=256"),
+    ("gzip-bomb", "the body is larger than 3145728 bytes once decoded (a reply of max_tokens=256"),
+    ("drip:0.2", "no answer within 2 s (--cachecheck-timeout)"),
+    ("redirect", "HTTP 307 redirect to http://evil.invalid:9/v1/chat/completions (another origin); "),
+    ("nested", "HTTP 200 but the body is malformed JSON (nested more than 64 levels deep)"),
+    ("bigint", "HTTP 200 but the body is malformed JSON (an integer of 5001 digits)"),
+    ("nan", "HTTP 200 but the body is malformed JSON (NaN, which is not JSON)"),
+    ("surrogate", "HTTP 500: bad \ufffd answer (emulated fault on request 8)"),
+    ("control", "HTTP 500: boom\\x1b[2K\\r\\x1b[32mPASSED\\x1b[0m\\nforged line \\u202etxt.exe (emulated"),
+]
+
+
+@pytest.mark.parametrize("fault, words", HOSTILE, ids=[f[0].split(":")[0] for f in HOSTILE])
+def test_hostile_reply_errors_that_probe_and_the_report_is_intact(pytester, emulator, fault, words):
+    emu = emulator(fault={SETUP + 7: fault})
+    start = time.monotonic()
+    result = pytester.runpytest_subprocess(
+        f"--cachecheck-url={emu.url}", "--cachecheck-n=4", "--cachecheck-timeout=2", "-v",
+        "--cachecheck-report=r.json", "--cachecheck-html=r.html", "--junitxml=junit.xml", *FAST)
+    elapsed = time.monotonic() - start
+    out = result.stdout.str()
+    assert "INTERNALERROR" not in out + result.stderr.str()
+    result.assert_outcomes(passed=3, errors=1)
+    assert words in out, out[-3000:]
+    assert elapsed < 40, elapsed
+    # no control character from the server reached the terminal
+    for bad in ("\x1b", "\u202e", "\ud800"):
+        assert bad not in out
+    assert "forged line" not in out.replace("\\nforged line", "")
+    report = pytester.path / "r.json"
+    assert report.stat().st_size < 1_000_000
+    data = json.loads(report.read_text(encoding="utf-8"), parse_constant=lambda c: pytest.fail(c))
+    assert [p["outcome"] for p in data["probes"]] == ["same", "error", "same", "same"]
+    assert words.split(" (")[0] in data["probes"][1]["reason"]
+    for name in ("r.html", "junit.xml"):
+        assert (pytester.path / name).read_bytes().decode("utf-8")
+
+
 # -- the server dies mid-run --------------------------------------------------------------------------
 def test_server_dies_mid_run_errors_quickly_and_reports_what_was_measured(pytester, emulator):
     emu = emulator(fail_after_requests=SETUP + 15)  # probes 1-2, then three requests of probe 3, then dead

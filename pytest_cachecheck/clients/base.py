@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import RequestError, ServerSetupError
 from ..model import Request, ServerDescription
+from ..text import printable
 from .http import Http
 
 #: per answer token: (token text, its logprob, top-1 minus top-2 logprob)
@@ -272,8 +273,8 @@ def listed_models(http: Http) -> List[str]:
 
 
 def _some(names: List[str], limit: int = 10) -> str:
-    shown = ", ".join(n[:120] for n in names[:limit])
-    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+    listed = ", ".join(printable(n, 120) for n in names[:limit])
+    return listed + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
 def choose_model(listed: List[str], wanted: Optional[str], shown_url: str) -> str:

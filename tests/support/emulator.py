@@ -42,6 +42,7 @@ import socket
 import threading
 import time
 import uuid
+import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -341,7 +342,16 @@ class PrefixCache:
 _DEFAULT_VERSIONS = {"vllm": "0.34.0", "sglang": "0.5.23"}
 # SGLang's health_generate sleeps this long before it first checks for the reply (http_server.py:779).
 HEALTH_CHECK_POLL_SECONDS = 1.0
-FAULT_KINDS = ("429", "500", "503", "not-json", "truncated", "no-choices", "no-usage", "slow:<seconds>")
+FAULT_KINDS = ("429", "500", "503", "not-json", "truncated", "no-choices", "no-usage", "slow:<seconds>",
+               # hostile servers: a 100 MiB body, a 256 MiB gzip bomb, one byte every <seconds>, a 307 to
+               # another origin, JSON nested 100000 deep, a 5000-digit integer, a NaN counter, an error
+               # message with a lone surrogate, an error message with terminal control sequences
+               "huge", "gzip-bomb", "drip:<seconds>", "redirect", "nested", "bigint", "nan", "surrogate",
+               "control")
+_SIMPLE_FAULTS = ("429", "500", "503", "not-json", "truncated", "no-choices", "no-usage", "huge", "gzip-bomb",
+                  "redirect", "nested", "bigint", "nan", "surrogate", "control")
+#: the error message of the "control" fault: it would clear the line and forge a PASSED in a terminal
+CONTROL_MESSAGE = "boom\x1b[2K\r\x1b[32mPASSED\x1b[0m\nforged line \u202etxt.exe"
 
 
 @dataclass
@@ -400,15 +410,16 @@ class EmulatorConfig:
 
 
 def _parse_fault(kind: str) -> Tuple[str, float]:
-    if kind in ("429", "500", "503", "not-json", "truncated", "no-choices", "no-usage"):
+    if kind in _SIMPLE_FAULTS:
         return kind, 0.0
-    if isinstance(kind, str) and kind.startswith("slow:"):
-        try:
-            seconds = float(kind[5:])
-        except ValueError:
-            seconds = -1.0
-        if seconds >= 0:
-            return "slow", seconds
+    for name in ("slow", "drip"):
+        if isinstance(kind, str) and kind.startswith(name + ":"):
+            try:
+                seconds = float(kind[len(name) + 1:])
+            except ValueError:
+                seconds = -1.0
+            if seconds >= 0:
+                return name, seconds
     raise ValueError(f"unknown fault {kind!r}; use one of {', '.join(FAULT_KINDS)}")
 
 
@@ -979,6 +990,8 @@ class Emulator:
         if fault_kind == "slow" and self._stopping.wait(slow_for):
             h.abort()  # stopped while "slow"
             return
+        if self._hostile(h, fault_kind, number):
+            return
         if not self._authorized(h, path):
             h.send_json(401, {"error": "Unauthorized"})
             return
@@ -1012,11 +1025,63 @@ class Emulator:
                 200, b"<html><body>502 Bad Gateway (emulated: not JSON)</body></html>", "application/json"
             )
             return
+        if fault_kind == "nan":  # json.dumps writes NaN, which is not JSON
+            response["usage"]["prompt_tokens_details"] = {"cached_tokens": float("nan")}
         data = json.dumps(response).encode("utf-8")
         if fault_kind == "truncated":
             self._send_truncated(h, data, "application/json")
             return
+        if fault_kind == "drip":
+            self._drip(h, data, slow_for)
+            return
         h.send_body(200, data)
+
+    _bomb: Optional[bytes] = None
+
+    def _hostile(self, h: _Handler, kind: str, number: int) -> bool:
+        """Answer as a hostile or broken server would, for faults that need no real reply; True if done."""
+        if kind == "huge":
+            total = 100 << 20
+            h.send_response(200)
+            h.send_header("content-type", "application/json")
+            h.send_header("content-length", str(total))
+            h.end_headers()
+            piece = b'{"choices": [' + b" " * ((1 << 20) - 13)
+            with contextlib.suppress(OSError):
+                for _ in range(total >> 20):
+                    h.wfile.write(piece)
+            h.close_connection = True
+        elif kind == "gzip-bomb":
+            if Emulator._bomb is None:  # 64 gzip members of 4 MiB of zeros each: 256 MiB in 260 KB
+                comp = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+                Emulator._bomb = (comp.compress(b"\0" * (4 << 20)) + comp.flush()) * 64
+            h.send_body(200, Emulator._bomb, headers={"content-encoding": "gzip"})
+        elif kind == "redirect":
+            h.send_body(307, b"", headers={"location": f"http://evil.invalid:9{h.path}"})
+        elif kind == "nested":
+            h.send_body(200, b"[" * 100_000 + b"]" * 100_000)
+        elif kind == "bigint":
+            h.send_body(200, b'{"choices": [], "usage": {"prompt_tokens": 1' + b"0" * 5000 + b"}}")
+        elif kind in ("surrogate", "control"):
+            message = "bad \ud800 answer" if kind == "surrogate" else CONTROL_MESSAGE
+            h.send_json(500, self._error_body(500, f"{message} (emulated fault on request {number})",
+                                              "InternalServerError"))
+        else:
+            return False
+        return True
+
+    def _drip(self, h: _Handler, data: bytes, every: float) -> None:
+        h.send_response(200)
+        h.send_header("content-type", "application/json")
+        h.send_header("content-length", str(len(data)))
+        h.end_headers()
+        with contextlib.suppress(OSError):
+            for i in range(len(data)):
+                h.wfile.write(data[i:i + 1])
+                h.wfile.flush()
+                if self._stopping.wait(every):
+                    break
+        h.close_connection = True
 
     @staticmethod
     def _send_truncated(h: _Handler, data: bytes, content_type: str) -> None:
