@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional, Set
+from typing import IO, Any, Dict, List, Optional, Set, Tuple
 
 import pytest
 
@@ -28,6 +28,8 @@ from .settings import Settings
 
 MODULE = "cachecheck"  # the node id of the synthetic module of probe items
 PROBE_PREFIX = MODULE + "::probe["
+EPISODE_PREFIX = MODULE + "::episode["
+ITEM_PREFIXES = (PROBE_PREFIX, EPISODE_PREFIX)
 FIXTURE = "cachecheck"
 #: --dist modes the plugin's scheduler stands in for; ``each`` runs every test on every worker
 DIST_MODES = ("load", "loadscope", "loadfile", "loadgroup", "worksteal")
@@ -42,19 +44,27 @@ def probe_nodeid(key: str) -> str:
     return f"{PROBE_PREFIX}{escaped(key)}]"
 
 
+def episode_nodeid(key: str) -> str:
+    return f"{EPISODE_PREFIX}{escaped(key)}]"
+
+
 class ProbeModule(pytest.Module):
-    """The plugin's own module of probe items; only its ``probe`` function is collected."""
+    """The plugin's own module of probe and episode items; only its ``probe`` and ``episode`` functions
+    are collected."""
+
+    functions: Tuple[str, ...] = ("probe",)  # and "episode" when the run has episodes
 
     def funcnamefilter(self, name: str) -> bool:
-        return name == "probe"
+        return name in self.functions
 
     def classnamefilter(self, name: str) -> bool:
         return False
 
 
-def collect_probe_items(session: pytest.Session) -> List[pytest.Item]:
-    """The probe items, collected from the synthetic module and reported as its collection."""
+def collect_probe_items(session: pytest.Session, episodes: bool = False) -> List[pytest.Item]:
+    """The probe (and episode) items, collected from the synthetic module and reported as its collection."""
     module = ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid=MODULE, name=MODULE)
+    module.functions = ("probe", "episode") if episodes else ("probe",)
     items: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
     session.config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None,
                                                                         list(items)))
@@ -104,11 +114,12 @@ class Placement:
 
     def server_unit(self, nodeid: str) -> Optional[str]:
         """The work unit of a test that sends to a server, or None for any other test."""
-        if nodeid.startswith(PROBE_PREFIX):
+        prefix = next((p for p in ITEM_PREFIXES if nodeid.startswith(p)), None)
+        if prefix is not None:
             if self.replicas:
                 return "cachecheck-probe:" + nodeid  # each worker measures on a server of its own
             if self.first_target is not None:
-                inner = nodeid[len(PROBE_PREFIX):-1]
+                inner = nodeid[len(prefix):-1]
                 return "cachecheck-server:" + inner.rsplit("@", 1)[-1]
             return "cachecheck-server"
         if not self.replicas and nodeid in self.fixture_users():

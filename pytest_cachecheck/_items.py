@@ -13,13 +13,26 @@ import pytest
 from .model import Outcome
 
 if TYPE_CHECKING:
-    from .model import ProbeRecord
+    from .model import EpisodeRecord, ProbeRecord
 
 
 @pytest.mark.cachecheck
 def probe(cachecheck_probe: object, cachecheck_probe_result: ProbeRecord,
           cachecheck_expected_divergence: Callable[[ProbeRecord], Optional[str]]) -> None:
     result = cachecheck_probe_result
+    if result.outcome == Outcome.INCONCLUSIVE:
+        pytest.skip(result.reason)
+    if result.outcome == Outcome.DIFFERENT:
+        expected = cachecheck_expected_divergence(result)
+        if expected:
+            pytest.xfail(f"{expected}: {result.message()}")
+        pytest.fail(result.message(), pytrace=False)
+
+
+@pytest.mark.cachecheck
+def episode(cachecheck_episode: object, cachecheck_episode_result: EpisodeRecord,
+            cachecheck_expected_divergence: Callable[[EpisodeRecord], Optional[str]]) -> None:
+    result = cachecheck_episode_result
     if result.outcome == Outcome.INCONCLUSIVE:
         pytest.skip(result.reason)
     if result.outcome == Outcome.DIFFERENT:

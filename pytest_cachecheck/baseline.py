@@ -51,11 +51,11 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .model import (CONVERSATION_CHANGED, HEALED, NEW_PROBE, NEWLY_DIVERGED, NEWLY_INCONCLUSIVE, NEWLY_VALID,
-                    NOT_RUN, STATUSES, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME, Comparison, Outcome,
-                    ProbeRecord, ProbeSet, Rate, ReportError, Row, RunReport, Setup)
+                    NOT_RUN, STATUSES, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME, Comparison, EpisodeRecord,
+                    Outcome, ProbeRecord, ProbeSet, Rate, ReportError, Row, RunReport, Setup)
 from .stats import mcnemar_exact
 from .text import printable
 
@@ -88,9 +88,10 @@ class BaselineError(ValueError):
 class Baseline:
     """One side of a comparison: its records, the environment they were measured in, when."""
 
-    records: Sequence[ProbeRecord]
+    records: Sequence[Record]
     env: Mapping[str, Any]
     created: Optional[str] = None
+    episodes: Optional[Sequence[EpisodeRecord]] = None  # None: the baseline ran no episodes
 
 
 # --------------------------------------------------------------------------- loading
@@ -138,7 +139,7 @@ def baseline_for(report: RunReport, target: Optional[str], path: str = "baseline
     """
     if not report.matrix:
         return Baseline(report.probes, env_of(report.settings, report.targets[0].setup, report.probe_set),
-                        report.created or None)
+                        report.created or None, report.targets[0].episodes)
     names = [str(t.name) for t in report.targets]
     if target is None:
         raise BaselineError(f"{path}: a target-matrix report (targets {', '.join(names)}); compare it with a "
@@ -147,7 +148,8 @@ def baseline_for(report: RunReport, target: Optional[str], path: str = "baseline
         raise BaselineError(f"{path}: the baseline's targets are {', '.join(names)}; it has no target "
                             f"{target!r} to compare with")
     t = report.target(target)
-    return Baseline(t.probes, env_of(report.settings, t.setup, report.probe_set), report.created or None)
+    return Baseline(t.probes, env_of(report.settings, t.setup, report.probe_set), report.created or None,
+                    t.episodes)
 
 
 # --------------------------------------------------------------------------- environment
@@ -199,7 +201,10 @@ def env_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> List[str
 
 # --------------------------------------------------------------------------- comparison
 
-def _status(before: ProbeRecord, after: ProbeRecord) -> str:
+Record = Union[ProbeRecord, EpisodeRecord]
+
+
+def _status(before: Record, after: Record) -> str:
     if before.fingerprint != after.fingerprint:
         return CONVERSATION_CHANGED
     b_valid, a_valid = before.valid, after.valid
@@ -212,14 +217,14 @@ def _status(before: ProbeRecord, after: ProbeRecord) -> str:
     return NEWLY_VALID if a_valid else STILL_INCONCLUSIVE
 
 
-def _by_id(records: Sequence[ProbeRecord]) -> Dict[str, ProbeRecord]:
-    out: Dict[str, ProbeRecord] = {}
+def _by_id(records: Sequence[Record]) -> Dict[str, Record]:
+    out: Dict[str, Record] = {}
     for r in records:
         out.setdefault(r.id, r)  # ids are unique; keep the first if not
     return out
 
 
-def compare(baseline: Baseline, current: Sequence[ProbeRecord], current_env: Mapping[str, Any]) -> Comparison:
+def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[str, Any]) -> Comparison:
     """Compare this run's records (measured in ``current_env``) with a baseline, probe by probe. See the
     module docstring for statuses and the verdict rule."""
     before = _by_id(baseline.records)
@@ -265,8 +270,9 @@ def compare(baseline: Baseline, current: Sequence[ProbeRecord], current_env: Map
                       baseline_created=baseline.created)
 
 
-def should_fail(comparison: Comparison, policy: str = DEFAULT_POLICY) -> Tuple[bool, str]:
-    """Whether the comparison should fail the run under ``policy``, and why (a sentence).
+def should_fail(comparison: Comparison, policy: str = DEFAULT_POLICY, unit: str = "probe") -> Tuple[bool, str]:
+    """Whether the comparison should fail the run under ``policy``, and why (a sentence). ``unit`` names
+    what was compared: ``probe`` (a diverged turn-2 answer) or ``episode`` (a changed trajectory).
 
     * ``new-divergence``: fail when any probe newly diverged (same in the baseline, different now);
     * ``rate-increase``: fail when this run's divergence rate is higher than the baseline's (each over
@@ -275,21 +281,22 @@ def should_fail(comparison: Comparison, policy: str = DEFAULT_POLICY) -> Tuple[b
 
     Raises ValueError for any other policy.
     """
+    diverged = "newly diverged" if unit == "probe" else "newly changed trajectory"
+    rate = "divergence rate" if unit == "probe" else "trajectory change rate"
     if policy == "never":
         return False, "baseline policy 'never': the comparison does not decide the outcome"
     if policy == "new-divergence":
         ids = comparison.newly_diverged()
         if ids:
             shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-            return True, f"{len(ids)} probe(s) newly diverged against the baseline: {shown}"
-        return False, "no probe newly diverged against the baseline"
+            return True, f"{len(ids)} {unit}(s) {diverged} against the baseline: {shown}"
+        return False, f"no {unit} {diverged} against the baseline"
     if policy == "rate-increase":
         base, cur = comparison.baseline_rate, comparison.current_rate
         if base is None or cur is None:
             which = "the baseline" if base is None else "this run"
-            return False, f"cannot compare divergence rates: {which} has no valid probe"
+            return False, f"cannot compare {rate}s: {which} has no valid {unit}"
         if cur.different * base.valid > base.different * cur.valid:  # exact: cur.value > base.value
-            return True, f"the divergence rate rose from {base.text()} to {cur.text()}"
-        return False, f"the divergence rate did not rise ({base.text()} -> {cur.text()})"
+            return True, f"the {rate} rose from {base.text()} to {cur.text()}"
+        return False, f"the {rate} did not rise ({base.text()} -> {cur.text()})"
     raise ValueError(f"unknown baseline policy {policy!r}; use one of {', '.join(POLICIES)}")
-

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import __version__
 from .stats import wilson
@@ -414,6 +414,167 @@ class ProbeRecord:
                    f["worker"].opt_string(), Setup.from_json(f["run"]), f["test"].opt_string())
 
 
+# -- one episode ----------------------------------------------------------------------------------------
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # the JSON text the server gave
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"name": self.name, "arguments": self.arguments}
+
+    @classmethod
+    def from_json(cls, f: _Field) -> "ToolCall":
+        return cls(f["name"].string(), f["arguments"].opt_string() or "")
+
+
+@dataclass
+class EpisodeStep:
+    """One request of an episode's path: the answer (text and tool calls) and the server's counts."""
+
+    step: int
+    content: str
+    tool_calls: List[ToolCall]
+    finish_reason: Optional[str]
+    prompt_tokens: Optional[int]
+    completion_tokens: Optional[int]
+    cached_tokens: Optional[int]
+
+    def answer(self) -> Tuple[str, Tuple[Tuple[str, str], ...]]:
+        """What a trajectory compares: the text and the calls (name, arguments)."""
+        return self.content, tuple((c.name, c.arguments) for c in self.tool_calls)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"step": self.step, "content": self.content, "tool_calls": [c.to_json() for c in self.tool_calls],
+                "finish_reason": self.finish_reason, "prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens, "cached_tokens": self.cached_tokens}
+
+    @classmethod
+    def from_json(cls, f: _Field) -> "EpisodeStep":
+        return cls(f["step"].integer(), f["content"].opt_string() or "",
+                   [ToolCall.from_json(c) for c in f["tool_calls"].opt_items()], f["finish_reason"].opt_string(),
+                   f["prompt_tokens"].opt_integer(), f["completion_tokens"].opt_integer(),
+                   f["cached_tokens"].opt_integer())
+
+
+@dataclass
+class Path:
+    """One run of one path of an episode: its steps and why it ended."""
+
+    name: str  # cache-1, cache-2, recompute-1, recompute-2
+    steps: List[EpisodeStep] = field(default_factory=list)
+    ended: str = ""  # "user turns ran out" | "max_steps reached" | "" (cut short by an error)
+
+    def trajectory(self) -> List[Tuple[str, Tuple[Tuple[str, str], ...]]]:
+        return [s.answer() for s in self.steps]
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"path": self.name, "ended": self.ended, "steps": [s.to_json() for s in self.steps]}
+
+    @classmethod
+    def from_json(cls, f: _Field) -> "Path":
+        return cls(f["path"].string(), [EpisodeStep.from_json(s) for s in f["steps"].opt_items()],
+                   f["ended"].opt_string() or "")
+
+
+@dataclass
+class Parting:
+    """Where the cache and recompute trajectories part: the step, what parted there, and how the text
+    (of the answer or of the arguments) parted, with the logprob margins where the server gave them."""
+
+    step: int
+    what: str  # "text" | "arguments" | "tool name" | "tool call or text"
+    divergence: Optional[Divergence]
+    cache_steps: int
+    recompute_steps: int
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"step": self.step, "what": self.what,
+                "divergence": self.divergence.to_json() if self.divergence else None,
+                "cache_steps": self.cache_steps, "recompute_steps": self.recompute_steps}
+
+    @classmethod
+    def from_json(cls, f: _Field) -> Optional["Parting"]:
+        if f.value is None:
+            return None
+        return cls(f["step"].integer(), f["what"].opt_string() or "text", Divergence.from_json(f["divergence"]),
+                   f["cache_steps"].opt_integer() or 0, f["recompute_steps"].opt_integer() or 0)
+
+
+@dataclass
+class EpisodeRecord:
+    """One episode's measurement: outcome, why, where the trajectories parted, every path's steps."""
+
+    id: str
+    source: str
+    fingerprint: str
+    outcome: Outcome
+    reason: str = ""
+    parting: Optional[Parting] = None
+    paths: List[Path] = field(default_factory=list)
+    hit_tolerance: Optional[int] = None
+    duration_s: float = 0.0
+    target: Optional[str] = None
+    server_url: Optional[str] = None
+    worker: Optional[str] = None
+    run: Optional[Setup] = None
+    test: Optional[str] = None
+
+    def __repr__(self) -> str:
+        return f"EpisodeRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
+
+    @property
+    def key(self) -> str:
+        return record_key(self.id, self.target)
+
+    @property
+    def valid(self) -> bool:
+        return self.outcome.valid
+
+    @property
+    def same(self) -> bool:
+        return self.outcome == Outcome.SAME
+
+    @property
+    def changed(self) -> bool:
+        return self.outcome == Outcome.DIFFERENT
+
+    @property
+    def requests(self) -> List[EpisodeStep]:
+        return [s for p in self.paths for s in p.steps]
+
+    def path(self, name: str) -> Optional[Path]:
+        return next((p for p in self.paths if p.name == name), None)
+
+    def message(self) -> str:
+        return self.reason
+
+    def to_json(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {
+            "id": self.id, "source": self.source, "fingerprint": self.fingerprint, "outcome": self.outcome.value,
+            "reason": self.reason, "parting": self.parting.to_json() if self.parting else None,
+            "hit_tolerance": self.hit_tolerance, "paths": [p.to_json() for p in self.paths],
+            "duration_s": round(self.duration_s, 3)}
+        if self.target is not None:
+            out["target"] = self.target
+        out["server_url"] = self.server_url
+        out["worker"] = self.worker
+        if self.run is not None:
+            out["run"] = self.run.to_json()
+        if self.test is not None:
+            out["test"] = self.test
+        return out
+
+    @classmethod
+    def from_json(cls, data: Any, path: str = "") -> "EpisodeRecord":
+        f = _Field(data, path)
+        return cls(f["id"].string(), f["source"].opt_string() or "", f["fingerprint"].opt_string() or "",
+                   _outcome(f["outcome"]), f["reason"].opt_string() or "", Parting.from_json(f["parting"]),
+                   [Path.from_json(p) for p in f["paths"].opt_items()], f["hit_tolerance"].opt_integer(),
+                   f["duration_s"].opt_float() or 0.0, f["target"].opt_string(), f["server_url"].opt_string(),
+                   f["worker"].opt_string(), Setup.from_json(f["run"]), f["test"].opt_string())
+
+
 # -- counts, rates and verdicts ---------------------------------------------------------------------------
 @dataclass
 class Tally:
@@ -428,7 +589,7 @@ class Tally:
         return self.same + self.different
 
     @classmethod
-    def of(cls, records: Sequence[ProbeRecord]) -> "Tally":
+    def of(cls, records: Sequence[Union[ProbeRecord, "EpisodeRecord"]]) -> "Tally":
         t = cls(probes=len(records))
         for r in records:
             if r.outcome == Outcome.SAME:
@@ -468,7 +629,7 @@ class Rate:
         return ci
 
     @classmethod
-    def of(cls, records: Sequence[ProbeRecord]) -> Optional["Rate"]:
+    def of(cls, records: Sequence[Union[ProbeRecord, "EpisodeRecord"]]) -> Optional["Rate"]:
         return Tally.of(records).rate
 
     def text(self) -> str:
@@ -524,6 +685,38 @@ class Summary:
         return cls(tally, _word(Status, f["status"]), f["why"].opt_string() or "", f["exit_status"].opt_integer(),
                    f["not_run"].strings(), f["recompute_reuse_cause"].opt_string(), f["rate"].value is None
                    and tally.valid > 0)
+
+
+@dataclass
+class EpisodeSummary:
+    """The episodes' counts, the rate of changed trajectories and where they parted."""
+
+    tally: Tally
+    parting_steps: Dict[int, int] = field(default_factory=dict)  # step -> changed episodes that parted there
+    not_run: List[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, records: Sequence["EpisodeRecord"], not_run: Sequence[str] = ()) -> "EpisodeSummary":
+        steps: Dict[int, int] = {}
+        for r in records:
+            if r.parting is not None and r.outcome == Outcome.DIFFERENT:
+                steps[r.parting.step] = steps.get(r.parting.step, 0) + 1
+        return cls(Tally.of(records), dict(sorted(steps.items())), list(not_run))
+
+    def to_json(self) -> Dict[str, Any]:
+        t, rate = self.tally, self.tally.rate
+        return {"episodes": t.probes, "valid": t.valid, "same": t.same, "changed": t.different,
+                "inconclusive": t.inconclusive, "errors": t.errors, "rate": rate.value if rate else None,
+                "rate_ci95": list(rate.ci95) if rate else None,
+                "parting_steps": {str(k): v for k, v in self.parting_steps.items()}, "not_run": list(self.not_run)}
+
+    @classmethod
+    def from_json(cls, f: _Field) -> Optional["EpisodeSummary"]:
+        if f.value is None:
+            return None
+        tally = Tally(*(f[k].opt_integer() or 0 for k in ("episodes", "same", "changed", "inconclusive", "errors")))
+        steps = {int(k): v for k, v in f["parting_steps"].mapping().items() if k.isdigit() and isinstance(v, int)}
+        return cls(tally, steps, f["not_run"].strings())
 
 
 # -- comparisons (with a baseline, or of a matrix target with the first) ----------------------------------
@@ -640,6 +833,11 @@ class TargetReport:
     served: Optional[Dict[str, Any]] = None  # --cachecheck-serve's server, as serve.Served.describe()
     baseline: Optional[Comparison] = None
     vs_reference: Optional[Comparison] = None  # a matrix target compared with the first
+    #: the episodes (None when the run had none configured), their summary and comparisons
+    episodes: Optional[List[EpisodeRecord]] = None
+    episode_summary: Optional[EpisodeSummary] = None
+    episode_baseline: Optional[Comparison] = None
+    episode_vs_reference: Optional[Comparison] = None
 
     def to_json(self) -> Dict[str, Any]:
         """The target's entry of a matrix report's ``targets``."""
@@ -654,10 +852,25 @@ class TargetReport:
             out["baseline"] = self.baseline.to_json()
         if self.vs_reference is not None:
             out["vs_reference"] = self.vs_reference.to_json()
+        out.update(self.episode_json(records=False))
+        return out
+
+    def episode_json(self, records: bool) -> Dict[str, Any]:
+        """The episode keys of a report: only when the run had episodes configured."""
+        if self.episodes is None:
+            return {}
+        out: Dict[str, Any] = {"episode_summary": self.episode_summary.to_json() if self.episode_summary else None}
+        if self.episode_baseline is not None:
+            out["episode_baseline"] = self.episode_baseline.to_json()
+        if self.episode_vs_reference is not None:
+            out["episode_vs_reference"] = self.episode_vs_reference.to_json()
+        if records:
+            out["episodes"] = [e.to_json() for e in self.episodes]
         return out
 
     @classmethod
-    def from_json(cls, f: _Field, probes: List[ProbeRecord]) -> "TargetReport":
+    def from_json(cls, f: _Field, probes: List[ProbeRecord],
+                  episodes: Optional[List[EpisodeRecord]] = None) -> "TargetReport":
         setup = Setup(f["mode"].opt_string(), ServerDescription.from_json(f["server"]),
                       ServerDescription.from_json(f["nocache_server"]), f["hit_tolerance"].opt_integer(),
                       f["setup_warnings"].strings(), f["setup_checks"].strings())
@@ -666,7 +879,8 @@ class TargetReport:
         return cls(f["name"].opt_string() if f.has("name") else None, f["url"].opt_string() if f.has("url") else None,
                    setup, summary, probes,
                    f["served"].mapping() or None, Comparison.from_json(f["baseline"]),
-                   Comparison.from_json(f["vs_reference"]))
+                   Comparison.from_json(f["vs_reference"]), episodes, EpisodeSummary.from_json(f["episode_summary"]),
+                   Comparison.from_json(f["episode_baseline"]), Comparison.from_json(f["episode_vs_reference"]))
 
 
 @dataclass
@@ -682,10 +896,16 @@ class RunReport:
     checks: List[ProbeRecord] = field(default_factory=list)
     tool_version: str = __version__
     matrix: bool = False
+    episode_set: Optional[ProbeSet] = None  # None: no episodes configured
+    episode_checks: List[EpisodeRecord] = field(default_factory=list)  # of cachecheck.episode()
 
     @property
     def probes(self) -> List[ProbeRecord]:
         return [p for t in self.targets for p in t.probes]
+
+    @property
+    def episodes(self) -> List[EpisodeRecord]:
+        return [e for t in self.targets for e in t.episodes or []]
 
     def target(self, name: Optional[str]) -> TargetReport:
         for t in self.targets:
@@ -707,6 +927,9 @@ class RunReport:
                    "summary": self.summary.to_json(), "probes": [p.to_json() for p in t.probes]}
             if t.baseline is not None:
                 out["baseline"] = t.baseline.to_json()
+            if self.episode_set is not None:
+                out["episode_set"] = self.episode_set.to_json()
+                out.update(t.episode_json(records=True))
         else:
             out = {**head, "probe_set": self.probe_set.to_json(), "mode": None, "server": None,
                    "nocache_server": None, "served": None, "hit_tolerance": None,
@@ -714,8 +937,13 @@ class RunReport:
                    "setup_checks": [], "summary": self.summary.to_json(),
                    "targets": [t.to_json() for t in self.targets],
                    "probes": [p.to_json() for p in self.probes]}
+            if self.episode_set is not None:
+                out["episode_set"] = self.episode_set.to_json()
+                out["episodes"] = [e.to_json() for e in self.episodes]
         if self.checks:
             out["checks"] = [c.to_json() for c in self.checks]
+        if self.episode_checks:
+            out["episode_checks"] = [c.to_json() for c in self.episode_checks]
         return out
 
     @classmethod
@@ -739,6 +967,9 @@ class RunReport:
             raise ReportError(f"not a pytest-cachecheck report (no 'probes' list); {hint}")
         probes = [ProbeRecord.from_json(p.value, p.path) for p in f["probes"].items()]
         probe_set = ProbeSet.from_json(f["probe_set"]) or ProbeSet("?", len(probes), "")
+        episode_set = ProbeSet.from_json(f["episode_set"])
+        episodes = ([EpisodeRecord.from_json(e.value, e.path) for e in f["episodes"].opt_items()]
+                    if episode_set is not None else None)
         created = f["created"].opt_string() or ""
         tool_version = str(tool.get("version")) if isinstance(tool, dict) and tool.get("version") else ""
         matrix = isinstance(data.get("targets"), list) and bool(data["targets"])
@@ -746,16 +977,20 @@ class RunReport:
             targets = []
             for t in f["targets"].items():
                 name = t["name"].string()
-                targets.append(TargetReport.from_json(t, [p for p in probes if p.target == name]))
+                mine = [e for e in episodes if e.target == name] if episodes is not None else None
+                targets.append(TargetReport.from_json(t, [p for p in probes if p.target == name], mine))
             names = {t.name for t in targets}
-            for i, p in enumerate(probes):
-                if p.target not in names:
-                    raise ReportError(f"field 'probes[{i}].target': {str(p.target)[:60]!r} names none of the "
-                                      f"report's targets")
+            kinds: List[Tuple[str, Sequence[Any]]] = [("probes", probes), ("episodes", episodes or [])]
+            for kind, records in kinds:
+                for i, r in enumerate(records):
+                    if r.target not in names:
+                        raise ReportError(f"field '{kind}[{i}].target': {str(r.target)[:60]!r} names none of "
+                                          f"the report's targets")
         else:
-            targets = [TargetReport.from_json(f, probes)]
+            targets = [TargetReport.from_json(f, probes, episodes)]
         return cls(f["settings"].mapping(), probe_set, targets, Summary.from_json(f["summary"]) if
                    isinstance(data.get("summary"), dict) else targets[0].summary,
                    created, [ProbeRecord.from_json(c.value, c.path) for c in f["checks"].opt_items()],
-                   tool_version, matrix)
+                   tool_version, matrix, episode_set,
+                   [EpisodeRecord.from_json(c.value, c.path) for c in f["episode_checks"].opt_items()])
 

@@ -11,16 +11,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 import pytest
 
 from . import _collect, _items
 from .errors import ConfigError, RequestError
-from .model import Outcome, ProbeRecord, record_key
+from .episodes import Episode
+from .model import EpisodeRecord, Outcome, ProbeRecord, record_key
 from .probes import Probe, parse_probe
 from .redact import display_url
-from .reporter import CHECK_RECORD, RECORD, Reporter
+from .reporter import CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD, Reporter
 from .session import CheckSession, open_session
 from .settings import OPTIONS, Settings, lookup
 
@@ -175,44 +176,53 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     state = config.stash.get(STATE, None)
     if state is None:
         return
-    items.extend(_collect.collect_probe_items(session))
+    items.extend(_collect.collect_probe_items(session, episodes=bool(state.session.episodes)))
     worker = _collect.worker_id(config)
     if worker is not None and state.placement is not None:
         state.placement.write_fixture_users(worker, items)
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if metafunc.function is not _items.probe:
+    if metafunc.function is _items.probe:
+        argname = "cachecheck_probe"
+    elif metafunc.function is _items.episode:
+        argname = "cachecheck_episode"
+    else:
         return
     cs = _session(metafunc.config)
-    probes = cs.probes if cs is not None else []
+    cases: List[Any] = [] if cs is None else cs.probes if argname == "cachecheck_probe" else cs.episodes
     if cs is not None and cs.settings.targets:
         # the target matrix: every probe on every target, target by target; ids <probe id>@<target>
-        pairs = [(p, name) for name in cs.targets for p in probes]
-        metafunc.parametrize(("cachecheck_probe", "cachecheck_target"), pairs,
-                             ids=[record_key(p.id, name) for p, name in pairs])
+        pairs = [(p, name) for name in cs.targets for p in cases]
+        metafunc.parametrize((argname, "cachecheck_target"), pairs, ids=[record_key(p.id, name) for p, name in pairs])
     else:
-        metafunc.parametrize("cachecheck_probe", probes, ids=[p.id for p in probes])
+        metafunc.parametrize(argname, cases, ids=[p.id for p in cases])
 
 
 # -- fixtures ---------------------------------------------------------------------------------------
-def _measure(config: pytest.Config, state: _State, runner: Runner, probe: Probe,
-             target: Optional[str]) -> ProbeRecord:
-    """Measure one probe; under pytest-xdist only once this worker owns the probe's servers. The record
-    names the server that measured it and the process."""
+def _measure(config: pytest.Config, state: _State, runner: Runner, case: Union[Probe, Episode],
+             target: Optional[str]) -> Any:
+    """Measure one probe (or episode); under pytest-xdist only once this worker owns its servers. The
+    record names the server that measured it and the process."""
     worker = _collect.worker_id(config)
-    record: Optional[ProbeRecord] = None
+    kind = ProbeRecord if isinstance(case, Probe) else EpisodeRecord
+    record: Any = None
     if worker is not None and state.placement is not None:
         for url in (runner.settings.url, runner.settings.nocache_url):
             owner = state.placement.claim(url, worker) if url else None
             if owner is not None and url is not None:
-                record = ProbeRecord(probe.id, probe.source, probe.fingerprint, Outcome.ERROR, reason=(
+                record = kind(case.id, case.source, case.fingerprint, Outcome.ERROR, reason=(
                     f"not measured: xdist worker {owner} already sends to {display_url(url)} in this session, "
                     f"and requests sent to one server in parallel change answers; the plugin's placement of "
                     f"this test failed (another plugin's scheduler?)"))
                 break
     if record is None:
-        record = runner.run(probe)
+        if isinstance(case, Probe):
+            record = runner.run(case)
+        else:
+            from .trajectory import measure_episode
+
+            record = measure_episode(runner, case)
     record.target = target
     record.server_url = display_url(runner.settings.url)
     record.worker = worker
@@ -242,16 +252,33 @@ def cachecheck_probe_result(request: pytest.FixtureRequest, cachecheck_probe: Pr
 
 
 @pytest.fixture
+def cachecheck_episode_result(request: pytest.FixtureRequest, cachecheck_episode: Episode,
+                              cachecheck_target: Optional[str]) -> EpisodeRecord:
+    """Measure the item's episode (each path twice); a failed request errors the item here, in setup."""
+    state = request.config.stash[STATE]
+    assert state is not None
+    record = _measure(request.config, state, state.session.runner(cachecheck_target), cachecheck_episode,
+                      cachecheck_target)
+    request.node.user_properties.append((EPISODE_RECORD, record.to_json()))
+    if record.outcome == Outcome.ERROR:
+        pytest.fail(f"cachecheck: {record.reason}", pytrace=False)
+    return record
+
+
+@pytest.fixture
 def cachecheck_expected_divergence(request: pytest.FixtureRequest, cachecheck_target: Optional[str]
-                                   ) -> Callable[[ProbeRecord], Optional[str]]:
-    """Why a divergence is expected (reported as xfail), or None when it is a plain failure."""
+                                   ) -> Callable[[Any], Optional[str]]:
+    """Why a divergence (or changed trajectory) is expected (reported as xfail), or None when it is a plain
+    failure."""
     state = request.config.stash[STATE]
     assert state is not None
     before = state.session.baseline_different(cachecheck_target)
+    before_episodes = state.session.baseline_different(cachecheck_target, episodes=True)
     gated = state.session.settings.gated
 
-    def expected(record: ProbeRecord) -> Optional[str]:
-        if before.get(record.id) == record.fingerprint:
+    def expected(record: Any) -> Optional[str]:
+        known = before_episodes if isinstance(record, EpisodeRecord) else before
+        if known.get(record.id) == record.fingerprint:
             return "also differed in the baseline"
         if gated:
             return "diverged; the session gate decides (--cachecheck-max-rate / --cachecheck-fail-on)"
@@ -309,6 +336,39 @@ class CacheCheck:
             raise RequestError(record.reason)
         return record
 
+    def episode(self, messages: List[Dict[str, str]], user_turns: Optional[List[str]] = None, *,
+                tools: Optional[List[Dict[str, Any]]] = None, tool_results: Optional[Dict[str, Any]] = None,
+                tool_choice: Any = None, max_steps: Optional[int] = None, id: Optional[str] = None,
+                target: Optional[str] = None) -> EpisodeRecord:
+        """Measure one episode (the fields of an episode file); returns its record (.same, .changed,
+        .valid, .reason, .parting, .paths). Raises ValueError for a malformed episode or an unknown
+        target, and RequestError when a request fails."""
+        __tracebackhide__ = True
+        from .episodes import parse_episode
+
+        target = self._target(target)
+        obj: Dict[str, Any] = {"messages": messages, "user_turns": user_turns or []}
+        obj.update({k: v for k, v in (("tools", tools), ("tool_results", tool_results), ("tool_choice", tool_choice),
+                                      ("max_steps", max_steps), ("id", id)) if v is not None})
+        case = parse_episode(obj, path=f"cachecheck.episode() in {self._node.nodeid}", line=1,
+                             default_id=self._node.name)
+        record = _measure(self._node.config, self._state, self._state.session.runner(target), case, target)
+        record.test = self._node.nodeid
+        self._node.user_properties.append((EPISODE_CHECK_RECORD, record.to_json()))
+        if record.outcome == Outcome.ERROR:
+            raise RequestError(record.reason)
+        return record
+
+    def _target(self, target: Optional[str]) -> Optional[str]:
+        names = self._state.session.targets
+        if target is None:
+            return names[0]
+        if target not in names:
+            raise ValueError(f"cachecheck: target {target!r} is not one of the targets: "
+                             + (", ".join(str(n) for n in names) if names != [None] else
+                                "none (no --cachecheck-target was given)"))
+        return target
+
 
 @pytest.fixture
 def cachecheck(request: pytest.FixtureRequest) -> CacheCheck:
@@ -325,8 +385,10 @@ def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> Op
     if call.when != "call" and call.when != "setup":
         return None
     for name, value in getattr(item, "user_properties", []):
-        if name == RECORD:
+        if name in (RECORD, EPISODE_RECORD):
             meta = {"id": value["id"], "outcome": value["outcome"], "reason": value["reason"]}
+            if name == EPISODE_RECORD:
+                meta["kind"] = "episode"
             if value.get("target") is not None:
                 meta["target"] = value["target"]
             return {"cachecheck": meta}

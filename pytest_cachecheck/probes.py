@@ -641,3 +641,41 @@ def builtin_probes() -> list[Probe]:
     if _builtin_cache is None:
         _builtin_cache = tuple(_parse_bytes(_builtin_bytes(), _BUILTIN_LABEL, _BUILTIN_LABEL))
     return list(_builtin_cache)
+
+
+def read_records(path: PathArg, data: bytes | None = None) -> Iterator[tuple[str, int, object]]:
+    """``(path, line, decoded JSON object)`` of every record in a JSONL or JSON-array file (or of
+    ``data``, labelled ``path``), with the checks and error messages of probe files (for other record
+    kinds: episodes). Numbers are decoded to int or float."""
+    p = _path_str(path)
+    text = _decode(_read_bytes(p) if data is None else data, p)
+    start = _skip_ws(text, 0)
+    records = _iter_array(text, p) if start < len(text) and text[start] == "[" else _iter_jsonl(text, p)
+    for line, obj in records:
+        yield p, line, obj
+
+
+def read_resource(name: str) -> bytes:
+    """A data file shipped with the package (``pytest_cachecheck/data/<name>``)."""
+    try:
+        from importlib.resources import files
+
+        return files("pytest_cachecheck").joinpath("data").joinpath(name).read_bytes()
+    except (ImportError, TypeError, AttributeError, OSError, ValueError):
+        return (Path(__file__).resolve().parent / "data" / name).read_bytes()
+
+
+def plain_json(obj: object, *, path: str, line: int, field: str) -> Any:
+    """A decoded record with its numbers as int or float (at most 30 characters each; NaN and
+    Infinity refused) and its objects as plain dicts; ProbeFileError names the field otherwise."""
+    if isinstance(obj, _JSONNumber):
+        text = obj.text
+        if len(text) > 30 or text in ("NaN", "Infinity", "-Infinity"):
+            raise ProbeFileError(path, line, field, f"the number {_quote(text, 30)} is not allowed here")
+        return float(text) if any(c in text for c in ".eE") else int(text)
+    if isinstance(obj, dict):
+        return {k: plain_json(v, path=path, line=line, field=f"{field}.{_key_name(k)}" if field else _key_name(k))
+                for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [plain_json(v, path=path, line=line, field=f"{field}[{i}]") for i, v in enumerate(obj)]
+    return obj

@@ -15,12 +15,12 @@ cache and recompute turn-2 answers differ is a divergence. Knows nothing about p
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .clients import ChatClient, Reply
 from .clients.base import TokenLogprob
 from .errors import RequestError, ServerSetupError
-from .model import Checks, Divergence, HitCheck, Outcome, ProbeRecord
+from .model import Checks, Divergence, EpisodeStep, HitCheck, Outcome, ProbeRecord
 from .probes import Probe
 from .redact import Redactor
 from .servers import ServerSetup, resolve
@@ -79,7 +79,7 @@ class MissingCounter(ServerSetupError):
     pass
 
 
-def impossible_counts(reply: Reply) -> List[str]:
+def impossible_counts(reply: Union[Reply, EpisodeStep]) -> List[str]:
     """What a reply's counters say that cannot be: negative counts, more cached tokens than the prompt."""
     out = [f"{name} {value}" for name, value in (("prompt_tokens", reply.prompt_tokens),
                                                  ("completion_tokens", reply.completion_tokens),

@@ -11,14 +11,17 @@ import pytest
 
 from . import _collect, terminal
 from .files import write_report
-from .model import ProbeRecord, RunReport, record_key
+from .episodes import Episode
+from .model import EpisodeRecord, ProbeRecord, RunReport, record_key
 from .probes import Probe
-from .run import RunResult, summarise
+from .run import EpisodeInput, RunResult, summarise
 from .session import CheckSession
 from .text import printable
 
 RECORD = "cachecheck"  # user_properties key of a probe record
 CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check() record
+EPISODE_RECORD = "cachecheck_episode"  # user_properties key of an episode record
+EPISODE_CHECK_RECORD = "cachecheck_episode_check"  # of a cachecheck.episode() record
 TERMINAL_LINE = 4000  # the longest summary line printed
 
 
@@ -29,17 +32,23 @@ class Reporter:
         self.records: Dict[str, ProbeRecord] = {}  # by record key
         self.checks: List[ProbeRecord] = []
         self.selected: Optional[List[str]] = None  # record keys of the items selected to run
+        self.episodes: Dict[str, EpisodeRecord] = {}
+        self.episode_checks: List[EpisodeRecord] = []
+        self.selected_episodes: Optional[List[str]] = None
         self.report_errors: List[str] = []
         self.result: Optional[RunResult] = None
         self.report: Optional[RunReport] = None
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        keys = []
+        keys, episodes = [], []
         for item in session.items:
             callspec = getattr(item, "callspec", None)
-            if callspec is not None and isinstance(callspec.params.get("cachecheck_probe"), Probe):
-                keys.append(record_key(callspec.params["cachecheck_probe"].id, _collect.item_target(item)))
-        self.selected = keys
+            params = callspec.params if callspec is not None else {}
+            if isinstance(params.get("cachecheck_probe"), Probe):
+                keys.append(record_key(params["cachecheck_probe"].id, _collect.item_target(item)))
+            elif isinstance(params.get("cachecheck_episode"), Episode):
+                episodes.append(record_key(params["cachecheck_episode"].id, _collect.item_target(item)))
+        self.selected, self.selected_episodes = keys, episodes
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: List[str]) -> None:
@@ -47,6 +56,8 @@ class Reporter:
             return
         by_name = {_collect.probe_nodeid(k): k for k in self.session.keys()}
         self.selected = [by_name[n] for n in ids if n in by_name]
+        by_episode = {_collect.episode_nodeid(k): k for k in self.session.episode_keys()}
+        self.selected_episodes = [by_episode[n] for n in ids if n in by_episode]
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         for name, value in report.user_properties:
@@ -55,6 +66,11 @@ class Reporter:
                 self.records[record.key] = record
             elif name == CHECK_RECORD and isinstance(value, dict) and report.when == "call":
                 self.checks.append(ProbeRecord.from_json(value))
+            elif name == EPISODE_RECORD and isinstance(value, dict):
+                episode = EpisodeRecord.from_json(value)
+                self.episodes[episode.key] = episode
+            elif name == EPISODE_CHECK_RECORD and isinstance(value, dict) and report.when == "call":
+                self.episode_checks.append(EpisodeRecord.from_json(value))
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
@@ -62,8 +78,13 @@ class Reporter:
 
         s = self.session
         interrupted = int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)
+        episodes = None
+        if s.episode_set is not None:
+            episodes = EpisodeInput(s.episode_set, [e.id for e in s.episodes], self.episodes, self.episode_checks,
+                                    self.selected_episodes)
         self.result = result = summarise(s.settings, s.probe_set, [p.id for p in s.probes], s.target_inputs(),
-                                         self.records, self.checks, self.selected, s.baselines, interrupted)
+                                         self.records, self.checks, self.selected, s.baselines, interrupted,
+                                         episodes)
         if not result.verdict.ok and int(session.exitstatus) == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.report = report = result.report(int(session.exitstatus))

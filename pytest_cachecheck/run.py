@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .baseline import Baseline, compare, env_of, should_fail
-from .model import (Comparison, Outcome, ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally,
-                    TargetReport, Verdict, record_key)
+from .model import (Comparison, EpisodeRecord, EpisodeSummary, Outcome, ProbeRecord, ProbeSet, RunReport, Setup,
+                    Status, Summary, Tally, TargetReport, Verdict, record_key)
 from .redact import display_url
 from .settings import Settings
 
@@ -24,43 +24,51 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def max_rate_gate(t: Tally, max_rate: float) -> Gate:
+def max_rate_gate(t: Tally, max_rate: float, what: str = "divergence rate", unit: str = "probe") -> Gate:
     """--cachecheck-max-rate: fail when different / valid exceeds max_rate."""
     if not t.valid:
-        return False, "no valid probe to measure a rate on"
+        return False, f"no valid {unit} to measure a rate on"
     rate = t.different / t.valid
     if rate > max_rate:
-        return True, (f"divergence rate {rate:.1%} ({t.different} of {t.valid}) exceeds "
+        return True, (f"{what} {rate:.1%} ({t.different} of {t.valid}) exceeds "
                       f"--cachecheck-max-rate {max_rate:g}")
-    return False, f"divergence rate {rate:.1%} is within --cachecheck-max-rate {max_rate:g}"
+    return False, f"{what} {rate:.1%} is within --cachecheck-max-rate {max_rate:g}"
 
 
 def judge(t: Tally, min_valid: float, interrupted: bool = False, gates: Optional[Sequence[Gate]] = None,
-          unreliable: Optional[str] = None) -> Verdict:
-    """One target's verdict. ``gates`` (max rate, baseline policy), when given, decide about divergences in
-    place of the default rule that any valid probe that differed fails. ``unreliable`` says why no
-    outcome can be trusted (it overrides everything)."""
+          unreliable: Optional[str] = None, episodes: Optional[Tally] = None) -> Verdict:
+    """One target's verdict over its probes (and episodes). ``gates`` (max rate, baseline policy), when
+    given, decide about divergences in place of the default rule that any valid probe that differed (or
+    episode whose trajectory changed) fails. ``unreliable`` says why no outcome can be trusted (it
+    overrides everything)."""
+    total = t + episodes if episodes is not None else t
+    items = "probes" if episodes is None else "probes and episodes"
     if unreliable:
         return Verdict(Status.UNRELIABLE, False, unreliable)
     if interrupted:
         return Verdict(Status.INTERRUPTED, False, "the run was interrupted; the report holds what was measured")
-    if t.probes == 0:
+    if total.probes == 0:
         return Verdict(Status.NO_PROBES, True, "no probe ran")
     if gates:
         failing = [why for fail, why in gates if fail]
         if failing:
             return Verdict(Status.GATE_FAILED, False, "; ".join(failing))
-    elif t.different:
-        return Verdict(Status.DIVERGED, False, f"{t.different} valid probe(s) gave a different turn-2 answer")
-    if t.errors:
-        return Verdict(Status.ERRORS, False, f"{t.errors} probe(s) failed with a request or server error")
-    if t.valid < min_valid * t.probes:
+    elif total.different:
+        why = [f"{t.different} valid probe(s) gave a different turn-2 answer"] if t.different else []
+        if episodes is not None and episodes.different:
+            why.append(f"{episodes.different} valid episode(s) changed trajectory")
+        return Verdict(Status.DIVERGED, False, "; ".join(why))
+    if total.errors:
+        what = "probe(s)" if episodes is None else "probe(s) or episode(s)"
+        return Verdict(Status.ERRORS, False, f"{total.errors} {what} failed with a request or server error")
+    if total.valid < min_valid * total.probes:
         return Verdict(Status.TOO_FEW_VALID, False,
-                       f"only {t.valid} of {t.probes} probes were valid, fewer than --cachecheck-min-valid "
+                       f"only {total.valid} of {total.probes} {items} were valid, fewer than --cachecheck-min-valid "
                        f"{min_valid:g} requires; see the inconclusive reasons")
     if gates:
         return Verdict(Status.PASSED, True, "; ".join(why for _, why in gates))
-    return Verdict(Status.PASSED, True, "no valid probe differed")
+    return Verdict(Status.PASSED, True, "no valid probe differed" + (
+        "" if episodes is None else " and no valid episode changed trajectory"))
 
 
 def combine_verdicts(named: Sequence[Tuple[str, Verdict]]) -> Verdict:
@@ -77,7 +85,7 @@ def combine_verdicts(named: Sequence[Tuple[str, Verdict]]) -> Verdict:
     return Verdict(failing[0][1].status, False, "; ".join(f"{name}: {v.why}" for name, v in failing))
 
 
-def placement_problem(records: Sequence[ProbeRecord]) -> Optional[str]:
+def placement_problem(records: Sequence[Union[ProbeRecord, EpisodeRecord]]) -> Optional[str]:
     """Why the run cannot be trusted when two processes (xdist workers) sent probes or checks to one
     server in one session, else None."""
     workers: Dict[str, set] = {}
@@ -121,6 +129,25 @@ class TargetInput:
 
 
 @dataclass
+class EpisodeInput:
+    """What the session collected of its episodes (records keyed by ``record_key``)."""
+
+    episode_set: ProbeSet
+    ids: Sequence[str]
+    records: Mapping[str, EpisodeRecord]
+    checks: Sequence[EpisodeRecord] = ()
+    selected: Optional[Sequence[str]] = None  # record keys of the episode items selected to run
+
+
+@dataclass
+class EpisodeResult:
+    records: List[EpisodeRecord]
+    selected: List[str]
+    tally: Tally
+    comparison: Optional[Comparison]
+
+
+@dataclass
 class TargetResult:
     """One target's records, selection, comparison and verdict."""
 
@@ -131,6 +158,7 @@ class TargetResult:
     tally: Tally
     verdict: Verdict
     comparison: Optional[Comparison]
+    episodes: Optional[EpisodeResult] = None
 
     @property
     def name(self) -> Optional[str]:
@@ -141,8 +169,15 @@ class TargetResult:
         summary = Summary(self.tally, self.verdict.status, self.verdict.why, exit_status,
                           [pid for pid in self.selected if pid not in done],
                           recompute_reuse_cause(self.records, self.setup.mode))
-        return TargetReport(self.name, display_url(self.input.url) if self.name is not None else None, self.setup,
-                            summary, list(self.records), self.input.served, self.comparison)
+        out = TargetReport(self.name, display_url(self.input.url) if self.name is not None else None, self.setup,
+                           summary, list(self.records), self.input.served, self.comparison)
+        if self.episodes is not None:
+            e = self.episodes
+            ran = {r.id for r in e.records}
+            out.episodes = list(e.records)
+            out.episode_summary = EpisodeSummary.of(e.records, [i for i in e.selected if i not in ran])
+            out.episode_baseline = e.comparison
+        return out
 
 
 @dataclass
@@ -154,6 +189,7 @@ class RunResult:
     targets: List[TargetResult]
     verdict: Verdict
     checks: List[ProbeRecord] = field(default_factory=list)
+    episodes: Optional[EpisodeInput] = None
 
     @property
     def matrix(self) -> bool:
@@ -161,9 +197,12 @@ class RunResult:
 
     def report(self, exit_status: Optional[int]) -> RunReport:
         created = now()
+        episode_set = self.episodes.episode_set if self.episodes is not None else None
+        episode_checks = list(self.episodes.checks) if self.episodes is not None else []
         if not self.matrix:
             t = self.targets[0].report(exit_status)
-            return RunReport(self.settings.public(), self.probe_set, [t], t.summary, created, list(self.checks))
+            return RunReport(self.settings.public(), self.probe_set, [t], t.summary, created, list(self.checks),
+                             episode_set=episode_set, episode_checks=episode_checks)
         targets = [t.report(None) for t in self.targets]
         first = self.targets[0]
         for result, target in zip(self.targets[1:], targets[1:]):
@@ -171,6 +210,10 @@ class RunResult:
             if result.records and first.records:
                 target.vs_reference = compare(Baseline(first.records, self._env(first), created),
                                               result.records, self._env(result))
+            if result.episodes and first.episodes and result.episodes.records and first.episodes.records:
+                target.episode_vs_reference = compare(
+                    Baseline(first.episodes.records, self._env(first, episode_set), created), result.episodes.records,
+                    self._env(result, episode_set))
         total = Tally()
         for result in self.targets:
             total = total + result.tally
@@ -178,18 +221,20 @@ class RunResult:
                           [record_key(pid, t.name) for t, r in zip(self.targets, targets) for pid in r.summary.not_run],
                           None, per_target=True)
         return RunReport(self.settings.public(), self.probe_set, targets, summary, created, list(self.checks),
-                         matrix=True)
+                         matrix=True, episode_set=episode_set, episode_checks=episode_checks)
 
-    def _env(self, t: TargetResult) -> Mapping[str, object]:
-        return env_of(self.settings.public(), t.setup, self.probe_set)
+    def _env(self, t: TargetResult, sample: Optional[ProbeSet] = None) -> Mapping[str, object]:
+        return env_of(self.settings.public(), t.setup, sample or self.probe_set)
 
 
 def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str], targets: Sequence[TargetInput],
               records: Mapping[str, ProbeRecord], checks: Sequence[ProbeRecord], selected: Optional[Sequence[str]],
-              baselines: Mapping[Optional[str], Baseline], interrupted: bool) -> RunResult:
+              baselines: Mapping[Optional[str], Baseline], interrupted: bool,
+              episodes: Optional[EpisodeInput] = None) -> RunResult:
     """The verdict of every target and of the session. ``records`` are keyed by ``record_key``;
     ``selected`` holds the record keys of the probe items selected to run (None: all)."""
     chosen = set(selected) if selected is not None else None
+    chosen_episodes = set(episodes.selected) if episodes is not None and episodes.selected is not None else None
     results = []
     for target in targets:
         keys = [(pid, record_key(pid, target.name)) for pid in probe_ids]
@@ -206,11 +251,33 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
         if baseline is not None and (mine or target.name is None):  # a deselected matrix target compares nothing
             comparison = compare(baseline, mine, env_of(settings.public(), setup, probe_set))
             gates.append(should_fail(comparison, settings.fail_on))
-        own_checks = [c for c in checks if c.target == target.name]
-        verdict = judge(tally, settings.min_valid, interrupted, gates or None, placement_problem(mine + own_checks))
-        results.append(TargetResult(target, mine, picked, setup, tally, verdict, comparison))
+        own_checks: List[Union[ProbeRecord, EpisodeRecord]] = [c for c in checks if c.target == target.name]
+        episode_result = None
+        if episodes is not None:
+            ekeys = [(eid, record_key(eid, target.name)) for eid in episodes.ids]
+            emine = [episodes.records[k] for _, k in ekeys if k in episodes.records]
+            epicked = [eid for eid, k in ekeys if chosen_episodes is None or k in chosen_episodes]
+            setup = setup if setup.mode is not None else next(
+                (r.run for r in emine if r.run is not None), None) or setup
+            etally = Tally.of(emine)
+            if settings.max_rate is not None and emine:
+                gates.append(max_rate_gate(etally, settings.max_rate, "trajectory change rate", "episode"))
+            ecomparison = None
+            if baseline is not None and baseline.episodes is not None and (emine or target.name is None):
+                ecomparison = compare(Baseline(baseline.episodes, baseline.env, baseline.created), emine,
+                                      env_of(settings.public(), setup, episodes.episode_set))
+                gates.append(should_fail(ecomparison, settings.fail_on, unit="episode"))
+            episode_result = EpisodeResult(emine, epicked, etally, ecomparison)
+            own_checks += [c for c in episodes.checks if c.target == target.name]
+            mine_all: List[Union[ProbeRecord, EpisodeRecord]] = [*mine, *emine]
+        else:
+            mine_all = list(mine)
+        verdict = judge(tally, settings.min_valid, interrupted, gates or None,
+                        placement_problem(mine_all + own_checks),
+                        episode_result.tally if episode_result is not None else None)
+        results.append(TargetResult(target, mine, picked, setup, tally, verdict, comparison, episode_result))
     if settings.targets:
         verdict = combine_verdicts([(str(t.name), t.verdict) for t in results])
     else:
         verdict = results[0].verdict
-    return RunResult(settings, probe_set, results, verdict, list(checks))
+    return RunResult(settings, probe_set, results, verdict, list(checks), episodes)

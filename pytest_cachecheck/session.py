@@ -17,6 +17,7 @@ from .settings import Settings, resolve
 
 if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
     from .baseline import Baseline
+    from .episodes import Episode
     from .protocol import Runner
     from .run import TargetInput
     from .serve import Served
@@ -26,12 +27,20 @@ class CheckSession:
     """The plugin's state for one pytest session (on the controller and on each xdist worker)."""
 
     def __init__(self, settings: Settings, probes: List[Probe], probe_set: ProbeSet,
-                 baselines: Dict[Optional[str], "Baseline"], served: Optional["Served"] = None) -> None:
+                 baselines: Dict[Optional[str], "Baseline"], served: Optional["Served"] = None,
+                 episodes: Optional[List["Episode"]] = None) -> None:
         from .protocol import Runner
 
         self.settings = settings
         self.probes = probes
         self.probe_set = probe_set
+        self.episodes: List["Episode"] = episodes or []
+        self.episode_set: Optional[ProbeSet] = None
+        if settings.episode_files:
+            from .episodes import episode_set_fingerprint
+
+            label = "+".join("builtin" if f == "builtin" else Path(f).name for f in settings.episode_files)
+            self.episode_set = ProbeSet(label, len(self.episodes), episode_set_fingerprint(self.episodes))
         self.baselines = baselines
         self.served = served
         self.redactor = Redactor()
@@ -54,12 +63,17 @@ class CheckSession:
         """Every probe item's record key, in run order (target by target)."""
         return [record_key(p.id, t) for t in self.targets for p in self.probes]
 
-    def baseline_different(self, target: Optional[str]) -> Dict[str, str]:
-        """id -> conversation fingerprint of the probes that differed in the target's baseline."""
+    def episode_keys(self) -> List[str]:
+        return [record_key(e.id, t) for t in self.targets for e in self.episodes]
+
+    def baseline_different(self, target: Optional[str], episodes: bool = False) -> Dict[str, str]:
+        """id -> conversation fingerprint of the probes (or episodes) that differed in the target's
+        baseline."""
         baseline = self.baselines.get(target)
         if baseline is None:
             return {}
-        return {r.id: r.fingerprint for r in baseline.records if r.outcome == Outcome.DIFFERENT}
+        records = (baseline.episodes or []) if episodes else baseline.records
+        return {r.id: r.fingerprint for r in records if r.outcome == Outcome.DIFFERENT}
 
     def prepare(self, *, send: bool) -> Dict[Optional[str], Optional[str]]:
         """Resolve (and, with ``send``, check) every target's server setup; target -> error text or None."""
@@ -110,13 +124,21 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, served_url: Optional[st
         probes = probes[: settings.n]
     name = "builtin" if not settings.probe_files else "+".join(Path(p).name for p in settings.probe_files)
     probe_set = ProbeSet(name, len(probes), probe_set_fingerprint(probes))
+    episodes = None
+    if settings.episode_files:
+        from .episodes import load_episodes
+
+        try:
+            episodes = load_episodes(settings.episode_files)
+        except ProbeFileError as exc:
+            raise ConfigError(f"--cachecheck-episodes: bad episode file: {exc}") from None
     baselines = _baselines(settings)
     served = None
     if serving and start_server is not None:
         assert settings.serve is not None
         served = start_server(settings.serve, settings.server_args)
         settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))
-    return CheckSession(settings, probes, probe_set, baselines, served)
+    return CheckSession(settings, probes, probe_set, baselines, served, episodes)
 
 
 def _baselines(settings: Settings) -> Dict[Optional[str], "Baseline"]:

@@ -62,6 +62,10 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("probes", "--cachecheck-probes",
                "JSONL or JSON-array probe file; may be given more than once (default: the 20 built-in "
                "conversations)", kind="list", metavar="PATH"),
+    OptionSpec("episodes", "--cachecheck-episodes",
+               "episodes (multi-step conversations with tool calls) to run besides the probes: a JSONL or "
+               "JSON-array episode file, or 'builtin' for the 20 built-in ones; may be given more than once",
+               kind="list", metavar="PATH"),
     OptionSpec("n", "--cachecheck-n", "run only the first N probes", metavar="N"),
     OptionSpec("max_tokens", "--cachecheck-max-tokens", f"answer length in tokens (default {DEFAULT_MAX_TOKENS})",
                metavar="N"),
@@ -114,6 +118,7 @@ class Settings:
     nocache_url: Optional[str] = None
     model: Optional[str] = None
     probe_files: Tuple[str, ...] = ()
+    episode_files: Tuple[str, ...] = ()  # paths, or "builtin"
     n: Optional[int] = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     hit_tolerance: int = DEFAULT_TOLERANCE
@@ -170,6 +175,7 @@ class Settings:
             "logprobs": self.logprobs,
             "serve": self.serve if self.serve in (None, "demo") else Path(self.serve).name,
             "server_args": self.server_args,
+            **({"episode_files": list(self.episode_files)} if self.episode_files else {}),
         }
 
 
@@ -320,6 +326,13 @@ def lookup(cli: Getter, ini: Getter, env: Mapping[str, str]) -> Dict[str, Any]:
     return raw
 
 
+def _listed(value: Any) -> List[str]:
+    """A list option's values (an ini value may be one whitespace-separated line)."""
+    if not value:
+        return []
+    return str(value).split() if isinstance(value, str) else [str(v) for v in value]
+
+
 def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
     """Validate raw values into :class:`Settings`; ``None`` when no URL is given (the plugin stays off)."""
     urls = raw.get("url")
@@ -382,6 +395,16 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         except RuntimeError:
             raise _bad("probes", f, "a path whose ~user exists") from None
         probe_files.append(str(p if p.is_absolute() else base_dir / p))
+    episode_files = []
+    for f in _listed(raw.get("episodes")):
+        if f == "builtin":
+            episode_files.append(f)
+            continue
+        try:
+            p = Path(str(f)).expanduser()
+        except RuntimeError:
+            raise _bad("episodes", f, "a path whose ~user exists, or 'builtin'") from None
+        episode_files.append(str(p if p.is_absolute() else base_dir / p))
     n = raw.get("n")
     report = raw.get("report")
     if report is not None and not str(report).strip():
@@ -418,6 +441,7 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         nocache_url=nocache_url,
         model=str(model).strip() if model is not None else None,
         probe_files=tuple(probe_files),
+        episode_files=tuple(episode_files),
         n=_int("n", n, 1, 1_000_000) if n is not None else None,
         max_tokens=_int("max_tokens", raw["max_tokens"], 1, 131072)
         if raw.get("max_tokens") is not None else DEFAULT_MAX_TOKENS,
@@ -476,6 +500,7 @@ def reproduce_args(settings: Settings) -> Sequence[str]:
     if settings.model:
         args.append(f"--cachecheck-model={settings.model}")
     args += [f"--cachecheck-probes={p}" for p in settings.probe_files]
+    args += [f"--cachecheck-episodes={p}" for p in settings.episode_files]
     if settings.n is not None:
         args.append(f"--cachecheck-n={settings.n}")
     if settings.max_tokens != DEFAULT_MAX_TOKENS:

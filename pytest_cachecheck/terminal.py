@@ -186,26 +186,75 @@ def _target_lines(t: TargetReport, label: str, baseline_path: Optional[str], ver
     return out
 
 
+def trajectory_line(t: Tally) -> str:
+    return f"{t.different} of {t.valid} valid episodes took a different trajectory on the cache path."
+
+
+def trajectory_rate_line(t: Tally) -> Optional[str]:
+    rate = t.rate
+    if rate is None:
+        return None
+    lo, hi = rate.ci95
+    return (f"trajectory change rate {rate.value:.1%} (95% Wilson interval {lo:.1%} to {hi:.1%}, {t.valid} valid "
+            f"episodes)")
+
+
+def _episode_lines(t: TargetReport, label: str, baseline_path: Optional[str], verbose: bool) -> List[Out]:
+    """The episodes of one target: counts, the rate with its interval, where trajectories parted, both
+    rates side by side, the first error and the baseline comparison of the episodes."""
+    s = t.episode_summary
+    if s is None or not s.tally.probes:
+        return []
+    e = s.tally
+    out: List[Out] = [
+        Line(f"{label}episodes: {e.probes} | valid: {e.valid} (same {e.same}, changed {e.different}) | "
+             f"inconclusive: {e.inconclusive} | errors: {e.errors}"),
+        Line(label + trajectory_line(e), {"bold": True, "red": bool(e.different)})]
+    rate = trajectory_rate_line(e)
+    if rate:
+        out.append(Line(label + rate))
+    if s.parting_steps:
+        out.append(Line(f"{label}first parting step: "
+                        + ", ".join(f"step {k}: {v}" for k, v in s.parting_steps.items())))
+    probes = t.summary.tally.rate
+    if probes is not None and e.rate is not None:
+        out.append(Line(f"{label}side by side: two-turn probes {probes.text()}; episodes {e.rate.text()}"))
+    errored = [r.reason for r in t.episodes or [] if r.outcome == "error"]
+    if errored:
+        out.append(Line(f"{label}episode errors: {len(errored)}; the first: {errored[0][:240]}", {"red": True}))
+    if t.episode_baseline is not None:
+        out.append(Sep("-", f"cachecheck baseline comparison of the episodes ({baseline_path})"
+                       + (f", target {t.name}" if t.name is not None else "")))
+        out += [Line(line) for line in comparison_lines(t.episode_baseline, verbose)]
+    return out
+
+
 def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], verbose: bool) -> List[Out]:
     """The session summary: counts, rate, causes and warnings, comparisons, the verdict, the result block."""
     out: List[Out] = [Sep("=", "cachecheck summary")]
-    total = sum(t.summary.tally.probes for t in report.targets)
+    probes = sum(t.summary.tally.probes for t in report.targets)
+    episodes = sum(t.episode_summary.tally.probes for t in report.targets if t.episode_summary is not None)
+    total = probes + episodes
     if total == 0:
         out.append(Line("cachecheck: no probe ran"))
     elif report.matrix:
-        out += [Line(line) for line in matrix_lines(report.targets)]
+        if probes:
+            out += [Line(line) for line in matrix_lines(report.targets)]
         for t in report.targets:
             out += _target_lines(t, f"{t.name}: ", baseline_path, verbose)
+            out += _episode_lines(t, f"{t.name}: ", baseline_path, verbose)
     else:
         t = report.targets[0]
         tally = t.summary.tally
-        out.append(Line(f"probes: {tally.probes} | valid: {tally.valid} (same {tally.same}, different "
-                        f"{tally.different}) | inconclusive: {tally.inconclusive} | errors: {tally.errors}"))
-        out.append(Line(divergence_line(tally), {"bold": True, "red": bool(tally.different)}))
-        rate = rate_line(tally)
-        if rate:
-            out.append(Line(rate))
+        if tally.probes or not episodes:
+            out.append(Line(f"probes: {tally.probes} | valid: {tally.valid} (same {tally.same}, different "
+                            f"{tally.different}) | inconclusive: {tally.inconclusive} | errors: {tally.errors}"))
+            out.append(Line(divergence_line(tally), {"bold": True, "red": bool(tally.different)}))
+            rate = rate_line(tally)
+            if rate:
+                out.append(Line(rate))
         out += _target_lines(t, "", baseline_path, verbose)
+        out += _episode_lines(t, "", baseline_path, verbose)
     if total:
         word = "PASS" if verdict.ok else "FAIL"
         out.append(Line(f"cachecheck verdict: {word} ({verdict.status}): {verdict.why}",
@@ -213,9 +262,18 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         out.append(Sep("-", "cachecheck result (to share: no URL, key or conversation text)"))
         for t in report.targets:
             prefix = f"[{t.name}] " if report.matrix else ""
-            if report.matrix and not t.summary.tally.probes:
+            ran_episodes = t.episode_summary is not None and t.episode_summary.tally.probes > 0
+            if report.matrix and not t.summary.tally.probes and not ran_episodes:
                 out.append(Line(prefix + "no probe ran"))
                 continue
             for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set):
                 out.append(Line(prefix + line))
+            if ran_episodes and t.episode_summary is not None and report.episode_set is not None:
+                e, es = t.episode_summary.tally, report.episode_set
+                out.append(Line(prefix + f"episode set {es.name} ({es.fingerprint[:19]}) | episodes {e.probes} | valid "
+                                f"{e.valid} | same {e.same} | changed {e.different} | inconclusive {e.inconclusive} | "
+                                f"errors {e.errors}"))
+                rate = trajectory_rate_line(e)
+                if rate:
+                    out.append(Line(prefix + rate))
     return out

@@ -34,6 +34,8 @@ class Reply:
     logprobs: Optional[List[TokenLogprob]] = None  # where they were asked for
     #: characters of reasoning the server split off the answer (``reasoning_content`` / ``reasoning``)
     reasoning_chars: int = 0
+    #: the tool calls of the answer: (function name, arguments as JSON text)
+    tool_calls: List[Tuple[str, str]] = field(default_factory=list)
 
     def request(self, step: str, server: str) -> Request:
         return Request(step, server, self.content, self.finish_reason, self.prompt_tokens,
@@ -118,10 +120,16 @@ class ChatClient:
 
     # -- requests -------------------------------------------------------------------------------------
     def chat(self, messages: List[Dict[str, Any]], *, max_tokens: int, cache: Dict[str, Any],
-             logprobs: bool = False) -> Reply:
-        """One greedy, non-streamed chat completion; ``cache`` holds the mode's cache fields."""
+             logprobs: bool = False, tools: Optional[List[Dict[str, Any]]] = None,
+             tool_choice: Any = None) -> Reply:
+        """One greedy, non-streamed chat completion; ``cache`` holds the mode's cache fields; ``tools`` and
+        ``tool_choice`` are OpenAI's."""
         body = self.body(messages, max_tokens)
         body.update(self.logprob_fields(logprobs))
+        if tools:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
         body.update(cache)
         where = f"POST /v1/chat/completions to {self.http.shown}"
         data = self.http.post("/v1/chat/completions", body)
@@ -131,7 +139,8 @@ class ChatClient:
         if prompt is None or completion is None:
             raise RequestError(f"{where}: usage lacks prompt_tokens or completion_tokens", where=where)
         return Reply(content, finish, prompt, completion, self.cached_tokens(data, usage, where),
-                     parse_logprobs(data["choices"][0], where), reasoning_chars(data))
+                     parse_logprobs(data["choices"][0], where), reasoning_chars(data),
+                     parse_tool_calls(data["choices"][0], where))
 
     def body(self, messages: List[Dict[str, Any]], max_tokens: int) -> Dict[str, Any]:
         return {"model": self.info.model, "messages": messages, "temperature": 0, "top_p": 1, "n": 1,
@@ -183,8 +192,8 @@ def parse_choice(data: Dict[str, Any], where: str) -> Tuple[str, Optional[str], 
         raise RequestError(f"{where}: the response has no choices", where=where)
     message = choices[0].get("message")
     content = message.get("content") if isinstance(message, dict) else None
-    if content is None and isinstance(message, dict) and reasoning(message):
-        content = ""  # a reasoning model that spent every token thinking: an empty answer, not a fault
+    if content is None and isinstance(message, dict) and (reasoning(message) or message.get("tool_calls")):
+        content = ""  # all tool calls, or all reasoning: an empty answer, not a fault
     if not isinstance(content, str):
         raise RequestError(f"{where}: the response has no message content", where=where)
     usage = data.get("usage")
@@ -192,6 +201,26 @@ def parse_choice(data: Dict[str, Any], where: str) -> Tuple[str, Optional[str], 
         raise RequestError(f"{where}: the response has no usage counts", where=where)
     finish = choices[0].get("finish_reason")
     return content, finish if isinstance(finish, str) else None, usage
+
+
+def parse_tool_calls(choice: Dict[str, Any], where: str) -> List[Tuple[str, str]]:
+    """``choices[0].message.tool_calls`` as (name, arguments JSON text); arguments given as an object are
+    written as JSON. A call without a function name is a malformed reply."""
+    message = choice.get("message")
+    calls = message.get("tool_calls") if isinstance(message, dict) else None
+    if not calls:
+        return []
+    if not isinstance(calls, list):
+        raise RequestError(f"{where}: malformed tool_calls (not a list)", where=where)
+    out = []
+    for call in calls:
+        fn = call.get("function") if isinstance(call, dict) else None
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if not isinstance(name, str) or not name:
+            raise RequestError(f"{where}: malformed tool call (no function name)", where=where)
+        args = fn.get("arguments") if isinstance(fn, dict) else None
+        out.append((name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
+    return out
 
 
 def counter(obj: Dict[str, Any], keys: Sequence[str], where: str, prefix: str = "usage.") -> Optional[int]:

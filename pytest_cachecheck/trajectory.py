@@ -1,0 +1,225 @@
+"""The measurement of an episode: does the prompt cache change a whole trajectory?
+
+Each path walks the episode on its own, feeding its own answers forward, through the scripted world:
+
+* cache path: step 1 from a clean start, every later step reusing the state the previous step left
+  (llama-server ``cache_prompt: true``; vLLM/SGLang one salt for the episode; two servers: on the caching
+  server, whose own setting decides);
+* recompute path: every step from scratch (``cache_prompt: false``; a new salt per request; or on the
+  server with caching off).
+
+Each path runs twice (cache 1, recompute 1, then cache 2, recompute 2). The episode is valid when each path
+repeats its trajectory exactly, every cache-path step after the first reports a hit that reaches into the
+previous step's answer (previous prompt + answer - 1, within the tolerance, and past the previous prompt),
+the first cache step and every recompute request reused nothing. A valid episode whose two trajectories
+part is *changed*: the report names the step, what parted there (text, a tool's name or its arguments),
+and, from the second runs' logprobs at that step only, the token and both paths' margins.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Dict, List, Optional
+
+from .clients import ChatClient
+from .episodes import Episode
+from .errors import RequestError, ServerSetupError
+from .model import Divergence, EpisodeRecord, EpisodeStep, Outcome, Parting, Path, ToolCall
+from .protocol import MissingCounter, Runner, _token_parting, excerpt, first_difference, impossible_counts
+from .servers import ServerSetup
+
+Fields = Callable[[int], Dict[str, Any]]
+MAX_SHOWN_PROBLEMS = 4
+
+
+def measure_episode(runner: Runner, episode: Episode) -> EpisodeRecord:
+    """Measure one episode on the runner's servers. Request failures give outcome 'error'."""
+    start = time.monotonic()
+    record = EpisodeRecord(episode.id, episode.source, episode.fingerprint, Outcome.ERROR)
+    logprobs: Dict[str, Any] = {}
+    try:
+        setup = runner.prepare()
+        record.hit_tolerance = setup.tolerance(runner.settings.hit_tolerance)
+        cache_1 = _walk(runner, setup.cache, episode, "cache-1", _cache_fields(setup), None, record, logprobs)
+        recompute_client = setup.nocache or setup.cache
+        scratch = _scratch_fields(setup)
+        recompute_1 = _walk(runner, recompute_client, episode, "recompute-1", scratch, None, record, logprobs)
+        parted = _parting_step(cache_1, recompute_1)
+        want = parted if parted is not None and runner.settings.logprobs else None
+        _walk(runner, setup.cache, episode, "cache-2", _cache_fields(setup), want, record, logprobs)
+        _walk(runner, recompute_client, episode, "recompute-2", scratch, want, record, logprobs)
+        _judge(setup, record, logprobs, runner.settings.skip_hit_check)
+    except (RequestError, ServerSetupError) as exc:
+        record.outcome = Outcome.ERROR
+        record.reason = runner.redactor.scrub(str(exc))
+    record.duration_s = time.monotonic() - start
+    return record
+
+
+def _cache_fields(setup: ServerSetup) -> Fields:
+    plan = setup.cache.cache_plan(own_setting=setup.nocache is not None)  # one plan (one salt) per walk
+    return lambda step: plan.first if step == 1 else plan.reuse
+
+
+def _scratch_fields(setup: ServerSetup) -> Fields:
+    if setup.nocache is not None:
+        return lambda step: {}
+    return lambda step: setup.cache.scratch() or {}
+
+
+def _assistant(step: int, content: str, calls: List[ToolCall]) -> Dict[str, Any]:
+    message: Dict[str, Any] = {"role": "assistant", "content": content if content or not calls else None}
+    if calls:
+        message["tool_calls"] = [{"id": f"call_{step}_{i}", "type": "function",
+                                  "function": {"name": c.name, "arguments": c.arguments}}
+                                 for i, c in enumerate(calls)]
+    return message
+
+
+def _walk(runner: Runner, client: ChatClient, episode: Episode, name: str, fields: Fields,
+          logprobs_at: Optional[int], record: EpisodeRecord, logprobs: Dict[str, Any]) -> Path:
+    """One path through the episode, its own answers fed forward; the path is kept on the record as it
+    grows, so what was measured before a failure stays in the report."""
+    s = runner.settings
+    path = Path(name)
+    record.paths.append(path)
+    history = episode.opening()
+    turns = list(episode.user_turns)
+    for step in range(1, episode.max_steps + 1):
+        reply = client.chat(history, max_tokens=s.max_tokens, cache=fields(step), logprobs=step == logprobs_at,
+                            tools=episode.tool_schemas(), tool_choice=episode.choice(step))
+        calls = [ToolCall(n, a) for n, a in reply.tool_calls]
+        path.steps.append(EpisodeStep(step, reply.content, calls, reply.finish_reason, reply.prompt_tokens,
+                                      reply.completion_tokens, reply.cached_tokens))
+        if step == logprobs_at:
+            logprobs[name] = reply.logprobs
+        if reply.cached_tokens is None and not s.skip_hit_check:
+            raise MissingCounter(
+                f"{name}, step {step}: the server at {client.http.shown} did not report cached tokens "
+                f"(usage.prompt_tokens_details.cached_tokens is missing), so cache use cannot be checked; "
+                f"turn reporting on with {client.reporting_flag}")
+        history.append(_assistant(step, reply.content, calls))
+        if calls:
+            for i, call in enumerate(calls):
+                history.append({"role": "tool", "tool_call_id": f"call_{step}_{i}",
+                                "content": episode.result(call.name, call.arguments)})
+            continue
+        if not turns:
+            path.ended = "user turns ran out"
+            return path
+        history.append({"role": "user", "content": turns.pop(0)})
+    path.ended = "max_steps reached"
+    return path
+
+
+def _parting_step(a: Path, b: Path) -> Optional[int]:
+    """The first step (1-based) where two trajectories part, or None when they are the same."""
+    for i, (x, y) in enumerate(zip(a.steps, b.steps)):
+        if x.answer() != y.answer():
+            return i + 1
+    if len(a.steps) != len(b.steps):
+        return min(len(a.steps), len(b.steps)) + 1
+    return None
+
+
+def _judge(setup: ServerSetup, record: EpisodeRecord, logprobs: Dict[str, Any], skip_hit_check: bool) -> None:
+    paths = {p.name: p for p in record.paths}
+    problems: List[str] = []
+    impossible = [f"{p.name} step {st.step}: {', '.join(found)}" for p in record.paths for st in p.steps
+                  for found in [impossible_counts(st)] if found]
+    if impossible:
+        record.outcome = Outcome.INCONCLUSIVE
+        record.reason = ("inconclusive: the server reported impossible token counts, so its cache counters "
+                         "cannot be trusted: " + "; ".join(impossible[:MAX_SHOWN_PROBLEMS]))
+        return
+    for a, b, what in (("cache-1", "cache-2", "the two cache runs"), ("recompute-1", "recompute-2",
+                                                                         "the two recompute runs")):
+        step = _parting_step(paths[a], paths[b])
+        if step is not None:
+            problems.append(f"{what} took different trajectories (from step {step})")
+    tolerance = record.hit_tolerance or 0
+    clean_start = setup.cache.cache_plan(own_setting=setup.nocache is not None).clean_start
+    for name in ("cache-1", "cache-2"):
+        steps = paths[name].steps
+        if clean_start and steps and steps[0].cached_tokens:
+            problems.append(f"{name} step 1 reused {steps[0].cached_tokens} cached tokens; it must start from a "
+                            f"clean state")
+        if skip_hit_check:
+            continue
+        for prev, cur in zip(steps, steps[1:]):
+            assert prev.prompt_tokens is not None and prev.completion_tokens is not None
+            need = max(prev.prompt_tokens + prev.completion_tokens - 1 - tolerance, 0)
+            cached = cur.cached_tokens or 0
+            after_call = " (after a tool call)" if prev.tool_calls else ""
+            if cached < need:
+                problem = (f"{name} step {cur.step}: cache hit was {cached} tokens, expected at least {need} "
+                           f"(step {prev.step} prompt {prev.prompt_tokens} + answer {prev.completion_tokens} - 1 - "
+                           f"tolerance {tolerance}){after_call}")
+                if prev.tool_calls and cached > prev.prompt_tokens - tolerance - 1:
+                    problem += ("; the chat template re-renders the tool call of step "
+                                f"{prev.step} differently from the tokens the model generated")
+                problems.append(problem)
+            elif cached <= prev.prompt_tokens:
+                problems.append(f"{name} step {cur.step}: cache hit was {cached} tokens, not past step {prev.step}'s "
+                                f"prompt ({prev.prompt_tokens} tokens){after_call}")
+    for name in ("recompute-1", "recompute-2"):
+        for st in paths[name].steps:
+            if st.cached_tokens:
+                problems.append(f"{name} step {st.step} reused {st.cached_tokens} cached tokens, expected 0")
+    if problems:
+        record.outcome = Outcome.INCONCLUSIVE
+        shown = problems[:MAX_SHOWN_PROBLEMS]
+        more = len(problems) - len(shown)
+        record.reason = "inconclusive: " + "; ".join(shown) + (f"; and {more} more" if more else "")
+        return
+    cache, recompute = paths["cache-1"], paths["recompute-1"]
+    step = _parting_step(cache, recompute)
+    if step is None:
+        record.outcome = Outcome.SAME
+        return
+    record.outcome = Outcome.DIFFERENT
+    record.parting = _parting(step, cache, recompute, logprobs.get("cache-2"), logprobs.get("recompute-2"))
+    record.reason = parting_message(record.parting, len(cache.steps), len(recompute.steps))
+
+
+def _parting(step: int, cache: Path, recompute: Path, cache_lp: Any, recompute_lp: Any) -> Parting:
+    n_cache, n_recompute = len(cache.steps), len(recompute.steps)
+    if step > n_cache or step > n_recompute:
+        return Parting(step, "length", None, n_cache, n_recompute)
+    a, b = cache.steps[step - 1], recompute.steps[step - 1]
+    names_a, names_b = [c.name for c in a.tool_calls], [c.name for c in b.tool_calls]
+    if bool(names_a) != bool(names_b):
+        what = "tool call or text"
+        text_a, text_b = _rendered(a), _rendered(b)
+    elif names_a != names_b:
+        what, text_a, text_b = "tool name", ", ".join(names_a), ", ".join(names_b)
+    elif a.content == b.content:
+        what = "arguments"
+        text_a, text_b = next((x.arguments, y.arguments) for x, y in zip(a.tool_calls, b.tool_calls)
+                              if x.arguments != y.arguments)
+    else:
+        what, text_a, text_b = "text", a.content, b.content
+    at = first_difference(text_a, text_b) or 0
+    divergence = Divergence(at, None, excerpt(text_a, at), excerpt(text_b, at))
+    parted = _token_parting(cache_lp, recompute_lp)
+    if parted is not None:
+        divergence.token, (divergence.cache_token, _, divergence.cache_margin), \
+            (divergence.recompute_token, _, divergence.recompute_margin) = parted
+    return Parting(step, what, divergence, n_cache, n_recompute)
+
+
+def _rendered(st: EpisodeStep) -> str:
+    calls = "".join(f"[call {c.name}({c.arguments})]" for c in st.tool_calls)
+    return st.content + calls
+
+
+def parting_message(p: Parting, cache_steps: int, recompute_steps: int) -> str:
+    text = (f"the cache and recompute trajectories parted at step {p.step} ({p.what}); the cache path then ran "
+            f"{cache_steps} steps, the recompute path {recompute_steps}")
+    d = p.divergence
+    if d is not None:
+        text += (f"\n  cache:     {d.cache_excerpt}\n  recompute: {d.recompute_excerpt}")
+        anatomy = d.anatomy()
+        if anatomy:
+            text += f"\n  at {anatomy}"
+    return text

@@ -1,0 +1,221 @@
+"""Episodes: the file format, the built-in set, and the measurement of trajectories against a small
+in-process server that keeps a llama-server-like slot (no HTTP)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any, Callable, Dict, List, Optional
+
+import pytest
+
+from pytest_cachecheck.clients import CLIENTS
+from pytest_cachecheck.clients.base import Reply, ServerInfo
+from pytest_cachecheck.clients.http import Http
+from pytest_cachecheck.episodes import Episode, builtin_episodes, load_episodes, parse_episode
+from pytest_cachecheck.model import EpisodeRecord, Outcome
+from pytest_cachecheck.probes import ProbeFileError
+from pytest_cachecheck.protocol import Runner
+from pytest_cachecheck.servers import ServerSetup
+from pytest_cachecheck.settings import Settings
+from pytest_cachecheck.trajectory import measure_episode
+
+WORDS = "amber basil cedar delta ember fable grove harbor indigo juniper kelp lumen maple nectar orbit".split()
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def episode(**fields: Any) -> Episode:
+    obj: Dict[str, Any] = {"id": "e1", "messages": [{"role": "user", "content": "Plan a walk."}],
+                           "user_turns": ["And tomorrow?", "Thanks."]}
+    obj.update(fields)
+    return parse_episode(obj, path="e.jsonl", line=1, default_id="e-1")
+
+
+class SlotServer:
+    """A chat server with one llama-server-like slot: ``cache_prompt: true`` reuses the longest common token
+    prefix with what the slot holds (prompt + answer - 1); answers are words chosen by a hash of the prompt;
+    ``tool_choice: required`` (or a named tool) answers with a call."""
+
+    def __init__(self, diverge: Callable[[int, int], bool] = lambda step, cached: False,
+                 rerender_calls: bool = True, recompute_reuses: bool = False) -> None:
+        self.slot: List[str] = []
+        self.diverge = diverge
+        self.rerender_calls = rerender_calls
+        self.recompute_reuses = recompute_reuses
+        self.calls: List[Dict[str, Any]] = []
+
+    def render(self, messages: List[Dict[str, Any]]) -> List[str]:
+        tokens: List[str] = []
+        for m in messages:
+            tokens += [f"<{m['role']}>"] + (m.get("content") or "").split()
+            for call in m.get("tool_calls") or []:
+                fn = call["function"]
+                tokens += [f"<call:{fn['name']}>", fn["arguments"] if self.rerender_calls else fn["arguments"] + " "]
+            tokens.append("<end>")
+        return tokens + ["<assistant>"]
+
+    def chat(self, messages: List[Dict[str, Any]], *, max_tokens: int, cache: Dict[str, Any],
+             logprobs: bool = False, tools: Optional[List[Dict[str, Any]]] = None, tool_choice: Any = None) -> Reply:
+        self.calls.append({"messages": json.loads(json.dumps(messages)), "cache": dict(cache), "logprobs": logprobs,
+                           "tool_choice": tool_choice})
+        prompt = self.render(messages)
+        common = 0
+        for x, y in zip(self.slot, prompt):
+            if x != y:
+                break
+            common += 1
+        reuse = cache.get("cache_prompt", True) or self.recompute_reuses
+        cached = min(common, len(prompt) - 1) if reuse else 0
+        step = sum(1 for m in messages if m["role"] == "assistant") + 1
+        seed = int(hashlib.sha256(" ".join(prompt).encode()).hexdigest(), 16)
+        if self.diverge(step, cached):
+            seed += 7
+        if tools and tool_choice not in (None, "auto", "none"):
+            name = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else tools[0]["function"]["name"]
+            args = json.dumps({"city": WORDS[seed % len(WORDS)]})
+            answer = [f"<call:{name}>", args]
+            reply = Reply("", "tool_calls", len(prompt), len(answer) + 1, cached, tool_calls=[(name, args)])
+        else:
+            answer = [WORDS[(seed >> (4 * i)) % len(WORDS)] for i in range(3 + seed % 4)]
+            reply = Reply(" ".join(answer), "stop", len(prompt), len(answer) + 1, cached)
+        if logprobs:
+            reply.logprobs = [(t, -0.1, 0.05) for t in answer]
+        self.slot = prompt + answer  # the slot holds prompt + answer - the last sampled token (the end token)
+        return reply
+
+
+def runner(server: SlotServer, **settings: Any) -> Runner:
+    r = Runner(Settings(url="http://127.0.0.1:9", mode="llama.cpp", **settings))
+    cls = type("Slot", (CLIENTS["llama.cpp"],), {"chat": lambda self, *a, **k: server.chat(*a, **k)})
+    r.setup = ServerSetup("llama.cpp", cls(Http("http://127.0.0.1:9"), ServerInfo(kind="llama.cpp")), None, checked=True)
+    return r
+
+
+# -- the file format ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("fields, where", [
+    ({"messages": [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "x"}]}, "messages[0].role"),
+    ({"user_turns": "next"}, "user_turns"),
+    ({"user_turns": ["ok", ""]}, "user_turns[1]"),
+    ({"tools": [{"type": "function", "function": {"name": "bad name"}}]}, "tools[0].function.name"),
+    ({"tools": [WEATHER]}, "tool_results.get_weather"),
+    ({"tools": [WEATHER], "tool_results": {"get_weather": "x", "other": "y"}}, "tool_results.other"),
+    ({"tools": [WEATHER], "tool_results": {"get_weather": {"cases": [{"arguments": [], "result": "x"}]}}},
+     "tool_results.get_weather.cases[0].arguments"),
+    ({"tools": [WEATHER], "tool_results": {"get_weather": {}}}, "tool_results.get_weather"),
+    ({"tool_choice": "auto"}, "tool_choice"),
+    ({"tools": [WEATHER], "tool_results": {"get_weather": "x"}, "tool_choice": ["auto", "search"]},
+     "tool_choice[1]"),
+    ({"max_steps": 0}, "max_steps"),
+    ({"max_steps": 1e400}, "max_steps"),
+    ({"turns": []}, "turns"),
+])
+def test_bad_episode_names_file_line_and_field(tmp_path, fields, where):
+    obj = {"id": "e", "messages": [{"role": "user", "content": "Plan a walk."}]}
+    obj.update(fields)
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"id": "ok", "messages": [{"role": "user", "content": "Hi."}]}\n' + json.dumps(obj) + "\n")
+    with pytest.raises(ProbeFileError) as err:
+        load_episodes([str(path)])
+    assert str(err.value).startswith(f"{path}:2: field '{where}'"), str(err.value)
+
+
+def test_tool_results_answer_by_exact_arguments():
+    e = episode(tools=[WEATHER], tool_choice=["required", "auto"], tool_results={"get_weather": {
+        "cases": [{"arguments": {"city": "Oslo"}, "result": "rain"}], "default": "sun"}})
+    assert e.result("get_weather", '{ "city" : "Oslo" }') == "rain"  # the same JSON, spaced otherwise
+    assert e.result("get_weather", '{"city": "Rome"}') == "sun"
+    assert e.result("get_weather", "not json") == "sun"
+    assert e.result("search", "{}").startswith("error: there is no tool named search")
+    assert e.choice(1) == "required" and e.choice(2) == "auto" and e.choice(9) == "auto"
+    named = episode(tools=[WEATHER], tool_results={"get_weather": "x"}, tool_choice="get_weather")
+    assert named.choice(3) == {"type": "function", "function": {"name": "get_weather"}}
+    assert episode().choice(1) is None
+    assert e.fingerprint != episode().fingerprint and e.fingerprint == parse_episode(
+        {**e.to_json(), "id": "other"}, path="x", line=9, default_id="y").fingerprint
+
+
+def test_builtin_set():
+    episodes = builtin_episodes()
+    assert len(episodes) == 20 and len({e.id for e in episodes}) == 20
+    plain = [e for e in episodes if not e.tools]
+    tools = [e for e in episodes if e.tools]
+    assert len(plain) == 10 and len(tools) == 10
+    assert all(4 <= 1 + len(e.user_turns) <= 6 for e in plain)
+    names = {n for e in tools for n in e.tool_names}
+    assert {"get_weather", "calculate", "list_events", "add_event", "list_files", "read_file"} <= names
+    assert all(e.choice(1) != "auto" for e in tools)  # every tool episode asks for a call first
+
+
+# -- the measurement ---------------------------------------------------------------------------------------
+def test_same_trajectory_and_the_cache_fields_of_each_step():
+    server = SlotServer()
+    record = measure_episode(runner(server), episode())
+    assert record.outcome == Outcome.SAME, record.reason
+    cache_1 = record.path("cache-1")
+    assert cache_1 is not None and len(cache_1.steps) == 3 and cache_1.ended == "user turns ran out"
+    fields = [c["cache"] for c in server.calls]
+    assert fields[:3] == [{"cache_prompt": False}, {"cache_prompt": True}, {"cache_prompt": True}]  # cache 1
+    assert fields[3:6] == [{"cache_prompt": False}] * 3  # recompute 1: every step from scratch
+    assert len(server.calls) == 12 and not any(c["logprobs"] for c in server.calls)
+    for prev, cur in zip(cache_1.steps, cache_1.steps[1:]):  # each hit reaches the previous answer exactly
+        assert cur.cached_tokens == prev.prompt_tokens + prev.completion_tokens - 1
+    # each path feeds its own answers forward: step 2's history carries step 1's answer, then the next turn
+    second = server.calls[1]["messages"]
+    assert second[-2] == {"role": "assistant", "content": cache_1.steps[0].content}
+    assert second[-1] == {"role": "user", "content": "And tomorrow?"}
+
+
+def test_changed_trajectory_names_the_step_and_asks_logprobs_there_only():
+    server = SlotServer(diverge=lambda step, cached: step == 2 and cached > 0)
+    record = measure_episode(runner(server), episode())
+    assert record.outcome == Outcome.DIFFERENT, record.reason
+    assert record.parting is not None and record.parting.step == 2 and record.parting.what == "text"
+    d = record.parting.divergence
+    assert d is not None and d.token is not None and d.cache_margin == 0.05 and d.kind == "near-tie"
+    asked = [(i, c["cache"]) for i, c in enumerate(server.calls) if c["logprobs"]]
+    assert [i for i, _ in asked] == [7, 10]  # step 2 of cache 2 and of recompute 2
+    assert "parted at step 2 (text)" in record.reason and "near-tie" in record.reason
+    # the record survives its JSON form
+    assert EpisodeRecord.from_json(json.loads(json.dumps(record.to_json()))).to_json() == record.to_json()
+
+
+def test_tool_calls_get_scripted_results_with_their_ids():
+    e = episode(tools=[WEATHER], tool_choice=["required", "auto"],
+                tool_results={"get_weather": {"cases": [], "default": "sunny, 20 C"}})
+    server = SlotServer()
+    record = measure_episode(runner(server), e)
+    assert record.outcome == Outcome.SAME, record.reason
+    first, second = server.calls[0], server.calls[1]
+    assert first["tool_choice"] == "required" and second["tool_choice"] == "auto"
+    call = second["messages"][-2]
+    assert call["role"] == "assistant" and call["content"] is None
+    assert call["tool_calls"][0]["id"] == "call_1_0" and call["tool_calls"][0]["function"]["name"] == "get_weather"
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1_0", "content": "sunny, 20 C"}
+    steps = record.path("cache-1").steps  # type: ignore[union-attr]
+    assert steps[0].tool_calls[0].name == "get_weather" and not steps[1].tool_calls
+    assert len(steps) == 4  # the call, its answer, then the two user turns
+
+
+def test_a_tool_call_rendered_otherwise_is_inconclusive_with_that_reason():
+    e = episode(tools=[WEATHER], tool_choice=["required", "auto"], tool_results={"get_weather": "sunny"})
+    record = measure_episode(runner(SlotServer(rerender_calls=False), hit_tolerance=0), e)
+    assert record.outcome == Outcome.INCONCLUSIVE
+    assert "cache-1 step 2: cache hit was" in record.reason
+    assert "re-renders the tool call of step 1 differently" in record.reason
+
+
+def test_recompute_reuse_and_errors():
+    record = measure_episode(runner(SlotServer(recompute_reuses=True)), episode())
+    assert record.outcome == Outcome.INCONCLUSIVE and "recompute-1 step 2 reused" in record.reason
+
+    class Failing(SlotServer):
+        def chat(self, *a: Any, **k: Any) -> Reply:
+            if len(self.calls) == 4:
+                from pytest_cachecheck.errors import RequestError
+                raise RequestError("POST /v1/chat/completions: HTTP 503: busy", status=503)
+            return super().chat(*a, **k)
+
+    record = measure_episode(runner(Failing()), episode())
+    assert record.outcome == Outcome.ERROR and "HTTP 503" in record.reason
+    assert [len(p.steps) for p in record.paths] == [3, 1]  # what was measured before the failure is kept
