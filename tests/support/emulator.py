@@ -28,6 +28,10 @@ that behaves as those servers do for the parts the plugin uses (see
   with ``SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false``; by default its ``/health`` generates and takes
   at least one second).
 
+The vLLM flavor's error bodies, response and usage fields and ``/metrics`` text follow real vLLM 0.32.0 where
+``tests/test_conformance_vllm.py`` runs the same assertions against both (the version it reports stays
+``EmulatorConfig.version``, default 0.34.0).
+
 Run one by hand with ``python -m tests.support.emulator --flavor vllm --port 8000``.
 """
 
@@ -544,6 +548,7 @@ class Emulator:
         self._stopping = threading.Event()
         self._dead = False
         self._started_at = int(time.time())
+        self._fingerprint = hashlib.sha256(repr(config).encode("utf-8")).hexdigest()[:8]
         self._metrics = {
             "queries": 0,
             "hits": 0,
@@ -647,16 +652,11 @@ class Emulator:
         h.send_json(err.status, self._error_body(err.status, err.message, err.err_type, err.param))
 
     def _not_found(self, h: _Handler) -> None:
-        if self._vllm:  # vLLM wraps HTTP errors in its ErrorResponse
-            h.send_json(404, self._error_body(404, "Not Found", "Not Found"))
-        else:  # FastAPI's default for an unknown route
-            h.send_json(404, {"detail": "Not Found"})
+        # FastAPI's default for an unknown route (real vLLM 0.32.0 too, tests/test_conformance_vllm.py)
+        h.send_json(404, {"detail": "Not Found"})
 
     def _method_not_allowed(self, h: _Handler) -> None:
-        if self._vllm:
-            h.send_json(405, self._error_body(405, "Method Not Allowed", "Method Not Allowed"))
-        else:
-            h.send_json(405, {"detail": "Method Not Allowed"})
+        h.send_json(405, {"detail": "Method Not Allowed"})
 
     def _authorized(self, h: _Handler, path: str) -> bool:
         key = self.config.api_key
@@ -774,24 +774,56 @@ class Emulator:
         cfg = self.config
         m = self._metrics
         labels = f'engine="0",model_name="{cfg.model}"'
+        # the labels of real vLLM 0.32.0 (CPU build), in its order; values from this emulator's config
         cache_labels = {
+            "_block_size_resolved": "True",
             "block_size": str(cfg.block_size),
             "cache_dtype": "auto",
-            "calculate_kv_scales": "False",
-            "cpu_offload_gb": "0",
+            "cache_hit_alignment_tokens": "None",
+            "effective_attention_block_size": str(cfg.block_size),
+            "enable_mamba_shared_prefix_checkpoint": "False",
             "enable_prefix_caching": str(bool(cfg.prefix_caching)),
-            "gpu_memory_utilization": "0.9",
-            "is_attention_free": "False",
-            "kv_sharing_fast_prefill": "False",
-            "mamba_cache_dtype": "auto",
-            "num_cpu_blocks": "None",
-            "num_gpu_blocks": "4096",
-            "prefix_caching_hash_algo": "sha256",
-            "sliding_window": "None",
-            "swap_space": "4",
             "engine": "0",
+            "gpu_memory_utilization": "0.92",
+            "hash_block_size": "None",
+            "is_attention_free": "False",
+            "kv_cache_dtype_skip_layers": "[]",
+            "kv_cache_layout": "None",
+            "kv_cache_max_concurrency": "1024.0",
+            "kv_cache_memory_bytes": "1073741824",
+            "kv_cache_size_tokens": "2097152",
+            "kv_offloading_backend": "native",
+            "kv_offloading_size": "None",
+            "kv_sharing_fast_prefill": "False",
+            "mamba_block_size": "None",
+            "mamba_cache_dtype": "auto",
+            "mamba_cache_mode": "none",
+            "mamba_page_size_padded": "None",
+            "mamba_ssm_cache_dtype": "auto",
+            "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(2097152 // cfg.block_size),
+            "num_gpu_blocks_override": "None",
+            "prefix_cache_retention_interval": "0",
+            "prefix_caching_hash_algo": "sha256",
+            "prefix_match_unit": "None",
+            "replayssm_buffer_len": "16",
+            "skip_page_size_padded": "None",
+            "sliding_window": "None",
+            "swa_bounded_replay": "True",
+            "use_kda_recoverssm": "False",
+            "use_replayssm": "False",
+            "user_specified_block_size": "False",
         }
         cache_label_text = ",".join(f'{k}="{v}"' for k, v in cache_labels.items())
+        created = f"{float(self._started_at):.10e}"
+
+        def counter(name: str, help_text: str, value: float, extra: str = "") -> List[str]:
+            # prometheus_client's text format as real vLLM 0.32.0 serves it: a _total sample, a _created gauge
+            return [f"# HELP vllm:{name}_total {help_text}", f"# TYPE vllm:{name}_total counter",
+                    f"vllm:{name}_total{{{labels}{extra}}} {float(value)}",
+                    f"# HELP vllm:{name}_created {help_text}", f"# TYPE vllm:{name}_created gauge",
+                    f"vllm:{name}_created{{{labels}{extra}}} {created}"]
+
         lines = [
             "# HELP vllm:num_requests_running Number of requests in model execution batches.",
             "# TYPE vllm:num_requests_running gauge",
@@ -799,21 +831,14 @@ class Emulator:
             "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
             "# TYPE vllm:num_requests_waiting gauge",
             f"vllm:num_requests_waiting{{{labels}}} 0.0",
-            "# HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.",
-            "# TYPE vllm:prefix_cache_queries counter",
-            f"vllm:prefix_cache_queries_total{{{labels}}} {float(m['queries'])}",
-            "# HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.",
-            "# TYPE vllm:prefix_cache_hits counter",
-            f"vllm:prefix_cache_hits_total{{{labels}}} {float(m['hits'])}",
-            "# HELP vllm:prompt_tokens Number of prefill tokens processed.",
-            "# TYPE vllm:prompt_tokens counter",
-            f"vllm:prompt_tokens_total{{{labels}}} {float(m['prompt_tokens'])}",
-            "# HELP vllm:generation_tokens Number of generation tokens processed.",
-            "# TYPE vllm:generation_tokens counter",
-            f"vllm:generation_tokens_total{{{labels}}} {float(m['generation_tokens'])}",
-            "# HELP vllm:request_success Count of successfully processed requests.",
-            "# TYPE vllm:request_success counter",
-            f'vllm:request_success_total{{{labels},finished_reason="stop"}} {float(m["success_stop"])}',
+            *counter("prefix_cache_queries", "Prefix cache queries, in terms of number of queried tokens.",
+                     m["queries"]),
+            *counter("prefix_cache_hits", "Prefix cache hits, in terms of number of cached tokens.",
+                     m["hits"]),
+            *counter("prompt_tokens", "Number of prefill tokens processed.", m["prompt_tokens"]),
+            *counter("generation_tokens", "Number of generation tokens processed.", m["generation_tokens"]),
+            *counter("request_success", "Count of successfully processed requests.", m["success_stop"],
+                     ',finished_reason="stop"'),
             f'vllm:request_success_total{{{labels},finished_reason="length"}} {float(m["success_length"])}',
             "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig",
             "# TYPE vllm:cache_config_info gauge",
@@ -997,9 +1022,10 @@ class Emulator:
             return
         try:
             if raw and body is None:
-                raise self._validation_error("Invalid JSON body", "body")
+                raise self._validation_error("JSON decode error", "body", "json_invalid")
             if not isinstance(body, dict):
-                raise self._validation_error("Input should be a valid dictionary or object", "body")
+                raise self._validation_error("Input should be a valid dictionary or object to extract fields "
+                                             "from", "body", "model_attributes_type")
             if path == "/v1/chat/completions":
                 response, stream_chunks = self._chat(body)
             else:
@@ -1092,11 +1118,16 @@ class Emulator:
         h.wfile.write(data[: max(len(data) // 2, 1)])
         h.abort()
 
-    def _validation_error(self, message: str, param: Optional[str]) -> _RequestError:
-        """A request-schema error, as each server's RequestValidationError handler words it."""
+    def _validation_error(
+        self, message: str, param: Optional[str], kind: str = "value_error"
+    ) -> _RequestError:
+        """A request-schema error, as each server's RequestValidationError handler words it. vLLM 0.32.0:
+        ``1 validation error:\n  {'type': 'missing', 'loc': 'body.messages', 'msg': 'Field required', ...}``
+        with ``param`` the location."""
         if self._vllm:
             loc = f"body.{param}" if param and param != "body" else "body"
-            return _RequestError(400, f"1 validation error:\n  {loc}: {message}", "Bad Request", param)
+            return _RequestError(400, f"1 validation error:\n  {{'type': '{kind}', 'loc': '{loc}', 'msg': "
+                                      f"'{message}', 'input': '<request>'}}", "Bad Request", loc)
         return _RequestError(400, f"1 validation error for request: {param}: {message}", "Bad Request", None)
 
     def _check_model(self, body: Dict[str, Any]) -> str:
@@ -1109,7 +1140,8 @@ class Emulator:
         if model in cfg.served_models:
             return model
         if self._vllm:
-            raise _RequestError(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+            raise _RequestError(404, f"The model `{model}` does not exist. Valid aliases: "
+                                     f"{', '.join(cfg.served_models)}.", "NotFoundError", "model")
         if model == "default":  # SGLang's DEFAULT_MODEL_NAME
             return model
         raise _RequestError(
@@ -1123,21 +1155,21 @@ class Emulator:
         salt = body.get("cache_salt")
         if self._vllm:
             if salt is not None:
+                # real vLLM 0.32.0 answers both as a BadRequestError naming the parameter
                 if not isinstance(salt, str) or not salt:
                     raise _RequestError(
                         400,
-                        "1 validation error:\n  body: Value error, Parameter 'cache_salt' "
-                        "must be a non-empty string if provided. (parameter=cache_salt)",
-                        "Bad Request",
+                        "Parameter 'cache_salt' must be a non-empty string if provided. "
+                        "(parameter=cache_salt)",
+                        "BadRequestError",
                         "cache_salt",
                     )
                 if len(salt) > 128 or any(c in salt for c in "@/\\\x00"):
                     raise _RequestError(
                         400,
-                        "1 validation error:\n  body: Value error, Parameter 'cache_salt' "
-                        "must be at most 128 characters and must not contain '@', '/', "
-                        "'\\\\', or NUL. (parameter=cache_salt)",
-                        "Bad Request",
+                        "Parameter 'cache_salt' must be at most 128 characters and must not contain "
+                        "'@', '/', '\\\\', or NUL. (parameter=cache_salt)",
+                        "BadRequestError",
                         "cache_salt",
                     )
             if not self.config.honor_salt or salt is None:
@@ -1169,18 +1201,29 @@ class Emulator:
         if value is not None and value < 1:
             if self._vllm:
                 raise _RequestError(
-                    400, f"max_tokens must be at least 1, got {value}.", "BadRequestError", name
+                    400, f"max_tokens must be at least 1, got {value}. (parameter={name}, value={value})",
+                    "BadRequestError", name
                 )
             raise _RequestError(400, "max_tokens must be positive", "BadRequestError", None)
+        if self._vllm and value is not None and value > cfg.max_model_len:
+            raise _RequestError(
+                400,
+                f"{name}={value} cannot be greater than max_model_len={cfg.max_model_len}. Please request "
+                f"fewer output tokens. (parameter={name}, value={value})",
+                "BadRequestError",
+                name,
+            )
         if n_prompt >= cfg.max_model_len:
-            if self._vllm:
+            if self._vllm:  # real vLLM 0.32.0 tokenizes at most max_model_len + 1 tokens to tell
+                seen = min(n_prompt, cfg.max_model_len + 1)
                 raise _RequestError(
                     400,
-                    f"This model's maximum context length is {cfg.max_model_len} tokens. "
-                    f"However, your request has {n_prompt} input tokens. Please reduce the "
-                    f"length of the input messages.",
+                    f"This model's maximum context length is {cfg.max_model_len} tokens. However, your "
+                    f"prompt contains at least {seen} input tokens, which exceeds this limit even without "
+                    f"any output tokens. Please reduce the length of the input prompt. "
+                    f"(parameter=input_tokens, value={seen})",
                     "BadRequestError",
-                    "messages",
+                    "input_tokens",
                 )
             raise _RequestError(
                 400,
@@ -1188,16 +1231,9 @@ class Emulator:
                 f"({cfg.max_model_len} tokens).",
                 "BadRequestError",
             )
-        if value is not None and n_prompt + value > cfg.max_model_len and self._vllm:
-            raise _RequestError(
-                400,
-                f"'{name}' is too large: {value}. This model's maximum context length is "
-                f"{cfg.max_model_len} tokens and your request has {n_prompt} input tokens "
-                f"({value} > {cfg.max_model_len} - {n_prompt}).",
-                "BadRequestError",
-                name,
-            )
-        return value if value is not None else cfg.max_model_len - n_prompt
+        # vLLM 0.32.0 serves a prompt + max_tokens longer than the context; the answer stops at its end
+        room = cfg.max_model_len - n_prompt
+        return min(value, room) if value is not None else room
 
     def _check_n(self, body: Dict[str, Any]) -> None:
         n = body.get("n", 1)
@@ -1208,7 +1244,7 @@ class Emulator:
             temperature is None or (isinstance(temperature, (int, float)) and temperature < 1e-5)
         ):
             raise _RequestError(
-                400, f"n must be 1 when using greedy sampling, got {n}.", "BadRequestError", "n"
+                400, f"n must be 1 when using greedy sampling, got {n}.", "BadRequestError", None
             )
         raise _RequestError(
             400, f"n={n} is not supported by the emulator (it serves n=1 only)", "BadRequestError", "n"
@@ -1224,7 +1260,7 @@ class Emulator:
             if top and self._vllm:
                 raise _RequestError(
                     400,
-                    "when using `top_logprobs`, `logprobs` must be set to true.",
+                    "when using `top_logprobs`, `logprobs` must be set to true. (parameter=top_logprobs)",
                     "BadRequestError",
                     "top_logprobs",
                 )
@@ -1242,9 +1278,10 @@ class Emulator:
         if k > 20:
             raise _RequestError(
                 400,
-                f"Requested top logprobs of {k}, which is greater than max allowed: 20",
+                f"Requested sample logprobs of {k}, which is greater than max allowed: 20 "
+                f"(parameter=logprobs, value={k})",
                 "BadRequestError",
-                "top_logprobs",
+                "logprobs",
             )
         return k
 
@@ -1333,13 +1370,22 @@ class Emulator:
         completion = len(result["output_ids"])
         cached = result["cached_tokens"]
         if self._vllm:
-            details = {"cached_tokens": cached} if cfg.report_cached_tokens else None
+            # vLLM 0.32.0 also reports created_cache_tokens (the prompt's full blocks this request wrote to
+            # the cache: a 292-token prompt with 256 cached, block 32, gave 32) and multimodal_tokens (null)
+            created = prompt // cfg.block_size * cfg.block_size - cached if cfg.prefix_caching else 0
+            details = (
+                {"cached_tokens": cached, "created_cache_tokens": max(created, 0), "multimodal_tokens": None}
+                if cfg.report_cached_tokens
+                else None
+            )
             usage: Dict[str, Any] = {
                 "prompt_tokens": prompt,
                 "total_tokens": prompt + completion,
                 "completion_tokens": completion,
                 "prompt_tokens_details": details,
             }
+            if chat:
+                usage["completion_tokens_details"] = None
             if cfg.reasoning and chat:
                 # With a reasoning parser, chat usage carries completion_tokens_details.reasoning_tokens
                 # (vllm/entrypoints/openai/chat_completion/serving.py:166, :1110-1122).
@@ -1383,10 +1429,16 @@ class Emulator:
     def _chat(self, body: Dict[str, Any]) -> Tuple[Dict[str, Any], Optional[List[Dict[str, Any]]]]:
         messages = body.get("messages")
         if messages is None:
-            raise self._validation_error("Field required", "messages")
+            raise self._validation_error("Field required", "messages", "missing")
         if not isinstance(messages, list):
             raise self._validation_error("Input should be a valid list", "messages")
-        if not self._vllm and not messages:
+        if not messages:
+            if self._vllm:
+                raise _RequestError(
+                    400,
+                    "Cannot apply chat template to an empty conversation. Provide at least one message.",
+                    "BadRequestError",
+                )
             raise _RequestError(400, "Messages cannot be empty", "BadRequestError")
         namespace = self._namespace(body)
         model = self._check_model(body)
@@ -1419,7 +1471,6 @@ class Emulator:
                 "annotations": None,
                 "audio": None,
                 "function_call": None,
-                "tool_calls": [],
                 "reasoning": reasoning,
             }
             choice = {
@@ -1429,6 +1480,7 @@ class Emulator:
                 "finish_reason": result["finish_reason"],
                 "stop_reason": None,
                 "token_ids": None,
+                "routed_experts": None,
             }
             response = {
                 "id": rid,
@@ -1437,11 +1489,14 @@ class Emulator:
                 "model": model,
                 "choices": [choice],
                 "service_tier": None,
-                "system_fingerprint": None,
+                "system_fingerprint": f"vllm-{self.config.version}-{self._fingerprint}",
                 "usage": usage,
                 "prompt_logprobs": None,
                 "prompt_token_ids": None,
+                "prompt_text": None,
                 "kv_transfer_params": None,
+                "ec_transfer_params": None,
+                "metrics": None,
             }
         else:
             rid = uuid.uuid4().hex
