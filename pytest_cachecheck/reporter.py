@@ -80,11 +80,10 @@ class Reporter:
         interrupted = int(exitstatus) == int(pytest.ExitCode.INTERRUPTED)
         episodes = None
         if s.episode_set is not None:
-            episodes = EpisodeInput(s.episode_set, [e.id for e in s.episodes], self.episodes, self.episode_checks,
-                                    self.selected_episodes)
+            episodes = EpisodeInput(s.episode_set, [e.id for e in s.episodes], self.episodes, self.selected_episodes)
         self.result = result = summarise(s.settings, s.probe_set, [p.id for p in s.probes], s.target_inputs(),
                                          self.records, self.checks, self.selected, s.baselines, interrupted,
-                                         episodes)
+                                         episodes, self.episode_checks)
         if not result.verdict.ok and int(session.exitstatus) == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.report = report = result.report(int(session.exitstatus))

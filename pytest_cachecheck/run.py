@@ -135,7 +135,6 @@ class EpisodeInput:
     episode_set: ProbeSet
     ids: Sequence[str]
     records: Mapping[str, EpisodeRecord]
-    checks: Sequence[EpisodeRecord] = ()
     selected: Optional[Sequence[str]] = None  # record keys of the episode items selected to run
 
 
@@ -190,6 +189,7 @@ class RunResult:
     verdict: Verdict
     checks: List[ProbeRecord] = field(default_factory=list)
     episodes: Optional[EpisodeInput] = None
+    episode_checks: List[EpisodeRecord] = field(default_factory=list)
 
     @property
     def matrix(self) -> bool:
@@ -198,7 +198,7 @@ class RunResult:
     def report(self, exit_status: Optional[int]) -> RunReport:
         created = now()
         episode_set = self.episodes.episode_set if self.episodes is not None else None
-        episode_checks = list(self.episodes.checks) if self.episodes is not None else []
+        episode_checks = list(self.episode_checks)
         if not self.matrix:
             t = self.targets[0].report(exit_status)
             return RunReport(self.settings.public(), self.probe_set, [t], t.summary, created, list(self.checks),
@@ -230,7 +230,7 @@ class RunResult:
 def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str], targets: Sequence[TargetInput],
               records: Mapping[str, ProbeRecord], checks: Sequence[ProbeRecord], selected: Optional[Sequence[str]],
               baselines: Mapping[Optional[str], Baseline], interrupted: bool,
-              episodes: Optional[EpisodeInput] = None) -> RunResult:
+              episodes: Optional[EpisodeInput] = None, episode_checks: Sequence[EpisodeRecord] = ()) -> RunResult:
     """The verdict of every target and of the session. ``records`` are keyed by ``record_key``;
     ``selected`` holds the record keys of the probe items selected to run (None: all)."""
     chosen = set(selected) if selected is not None else None
@@ -252,6 +252,7 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
             comparison = compare(baseline, mine, env_of(settings.public(), setup, probe_set))
             gates.append(should_fail(comparison, settings.fail_on))
         own_checks: List[Union[ProbeRecord, EpisodeRecord]] = [c for c in checks if c.target == target.name]
+        own_checks += [c for c in episode_checks if c.target == target.name]
         episode_result = None
         if episodes is not None:
             ekeys = [(eid, record_key(eid, target.name)) for eid in episodes.ids]
@@ -268,7 +269,6 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
                                       env_of(settings.public(), setup, episodes.episode_set))
                 gates.append(should_fail(ecomparison, settings.fail_on, unit="episode"))
             episode_result = EpisodeResult(emine, epicked, etally, ecomparison)
-            own_checks += [c for c in episodes.checks if c.target == target.name]
             mine_all: List[Union[ProbeRecord, EpisodeRecord]] = [*mine, *emine]
         else:
             mine_all = list(mine)
@@ -280,4 +280,4 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
         verdict = combine_verdicts([(str(t.name), t.verdict) for t in results])
     else:
         verdict = results[0].verdict
-    return RunResult(settings, probe_set, results, verdict, list(checks), episodes)
+    return RunResult(settings, probe_set, results, verdict, list(checks), episodes, list(episode_checks))

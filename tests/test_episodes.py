@@ -219,3 +219,85 @@ def test_recompute_reuse_and_errors():
     record = measure_episode(runner(Failing()), episode())
     assert record.outcome == Outcome.ERROR and "HTTP 503" in record.reason
     assert [len(p.steps) for p in record.paths] == [3, 1]  # what was measured before the failure is kept
+
+
+# -- through pytest, against the emulation (its model calls a tool when a call is required) ------------------
+def test_builtin_episodes_run_as_items_with_real_tool_calls(pytester, emulator):
+    emu = emulator(block_size=1)  # hits to the token, so the exact rule below can be checked
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-episodes=builtin",
+                                           "--cachecheck-n=1", "--cachecheck-report=r.json", "-p", "no:cacheprovider",
+                                           "--cachecheck-hit-tolerance=0")
+    result.assert_outcomes(passed=21)
+    assert result.ret == 0
+    data = json.loads((pytester.path / "r.json").read_text())
+    assert data["episode_set"]["count"] == 20 and len(data["episodes"]) == 20
+    assert data["episode_summary"]["valid"] == 20 and data["episode_summary"]["changed"] == 0
+    calls = [c for e in data["episodes"] for p in e["paths"] for s in p["steps"] for c in s["tool_calls"]]
+    assert len(calls) >= 40  # every tool episode calls at least once on each of its four paths
+    weather = next(e for e in data["episodes"] if e["id"] == "weather-walk")
+    assert [len(p["steps"]) for p in weather["paths"]] == [5] * 4  # the call, its answer, three user turns
+    first = weather["paths"][0]["steps"]
+    assert first[0]["tool_calls"][0]["name"] == "get_weather" and first[0]["content"] == ""
+    for prev, cur in zip(first, first[1:]):  # each hit reaches the previous answer: the call re-renders exactly
+        assert cur["cached_tokens"] == prev["prompt_tokens"] + prev["completion_tokens"] - 1
+    result.stdout.fnmatch_lines(["episodes: 20 | valid: 20 (same 20, changed 0) | inconclusive: 0 | errors: 0",
+                                 "0 of 20 valid episodes took a different trajectory on the cache path."])
+
+
+def test_a_changed_trajectory_fails_and_a_baseline_gates_it(pytester, emulator):
+    clean, flips = emulator(), emulator(diverge_on_hit={"balcony"})  # garden-plan's opening
+    common = ["--cachecheck-episodes=builtin", "-k", "episode and (garden or bread)", "-p", "no:cacheprovider"]
+    first = pytester.runpytest_subprocess(f"--cachecheck-url={clean.url}", *common, "--cachecheck-report=before.json")
+    first.assert_outcomes(passed=2)
+    after = pytester.runpytest_subprocess(f"--cachecheck-url={flips.url}", *common, "--cachecheck-report=after.json",
+                                          "--cachecheck-baseline=before.json")
+    after.assert_outcomes(passed=1, failed=1)
+    assert after.ret == 1
+    after.stdout.fnmatch_lines(["*episode[[]garden-plan[]]*", "*parted at step 2 (text)*",
+                                "1 of 2 valid episodes took a different trajectory on the cache path.",
+                                "first parting step: step 2: 1",
+                                "*baseline comparison of the episodes*", "*garden-plan*newly diverged*",
+                                "*FAIL (gate-failed): 1 episode(s) newly changed trajectory against the baseline*"])
+    data = json.loads((pytester.path / "after.json").read_text())
+    garden = next(e for e in data["episodes"] if e["id"] == "garden-plan")
+    assert garden["outcome"] == "different" and garden["parting"]["step"] == 2
+    assert garden["parting"]["divergence"]["cache_margin"] is not None  # logprobs at the parting step
+    assert data["episode_summary"]["parting_steps"] == {"2": 1} and data["episode_baseline"]["newly_diverged"] == [
+        "garden-plan"]
+
+
+def test_episodes_under_xdist_stay_with_their_server(pytester, emulator):
+    emu = emulator()
+    pytester.makepyfile(**{f"test_user{i}": "def test_a(): pass\n" for i in range(3)})
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-episodes=builtin",
+                                           "--cachecheck-n=2", "-k", "not episode or calendar or garden", "-n", "2",
+                                           "-v", "--cachecheck-report=r.json", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=8)
+    data = json.loads((pytester.path / "r.json").read_text())
+    workers = {r["worker"] for r in data["probes"] + data["episodes"]}
+    assert len(workers) == 1 and emu.max_in_flight == 1
+    assert data["episode_summary"]["not_run"] == []
+
+
+def test_cachecheck_episode_fixture_and_bad_files(pytester, emulator):
+    emu = emulator()
+    pytester.makepyfile(test_own="""
+        def test_walk(cachecheck):
+            record = cachecheck.episode([{"role": "user", "content": "Plan a walk by the sea."}],
+                                        ["Shorter, please.", "Thanks."])
+            assert record.valid and record.same, record.reason
+            assert len(record.path("cache-1").steps) == 3
+    """)
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "-k", "test_walk",
+                                           "--cachecheck-report=r.json", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    checks = json.loads((pytester.path / "r.json").read_text())["episode_checks"]
+    assert [c["test"] for c in checks] == ["test_own.py::test_walk"] and checks[0]["outcome"] == "same"
+    bad = pytester.path / "mine.jsonl"
+    bad.write_text('{"id": "x", "messages": [{"role": "user", "content": "Hi."}], "max_steps": 99}\n')
+    before = len(emu.requests_log)
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", f"--cachecheck-episodes={bad}",
+                                           "-p", "no:cacheprovider")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines([f"*--cachecheck-episodes: bad episode file: {bad}:1: field 'max_steps'*"])
+    assert len(emu.requests_log) == before

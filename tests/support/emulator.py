@@ -153,6 +153,9 @@ def render_chat(
         text = _content_text(msg.get("content"))
         if template == "drop-reasoning" and msg["role"] == "assistant" and THINK_END in text:
             text = text.split(THINK_END)[-1].lstrip("\n")
+        for call in msg.get("tool_calls") or []:  # Hermes style, as the model generated it
+            fn = call.get("function") or {} if isinstance(call, dict) else {}
+            text += tool_call_text(str(fn.get("name")), str(fn.get("arguments")))
         out.append(f"{IM_START}{msg['role']}\n{text}{IM_END}\n")
     if add_generation_prompt:
         out.append(f"{IM_START}assistant\n")
@@ -229,6 +232,22 @@ def _fit(text: str, length: int) -> str:
     """Cut to exactly ``length`` characters, never ending on a space."""
     text = text[:length]
     return text[:-1] + "e" if text.endswith(" ") else text
+
+
+def tool_call_text(name: str, arguments: str) -> str:
+    """A tool call as the emulated model writes it (and the template renders it back)."""
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call>'
+
+
+def generate_tool_call(prompt_text: str, tools: List[Dict[str, Any]], choice: Any, flip: bool = False) -> str:
+    """The greedy tool call for a rendered prompt when a call is required: the named (or first) tool,
+    its first parameter set to a word chosen by the prompt's sha256 (another word when ``flip``)."""
+    name = choice["function"]["name"] if isinstance(choice, dict) else tools[0]["function"]["name"]
+    fn = next((t["function"] for t in tools if t["function"]["name"] == name), tools[0]["function"])
+    props = list(((fn.get("parameters") or {}).get("properties") or {"input": {}}).keys()) or ["input"]
+    digest = hashlib.sha256(prompt_text.encode("utf-8")).digest()
+    word = _WORDS[(digest[0] + (7 if flip else 0)) % len(_WORDS)]
+    return tool_call_text(name, json.dumps({props[0]: word}))
 
 
 def generate_answer(prompt_text: str) -> str:
@@ -1301,8 +1320,12 @@ class Emulator:
         namespace: Optional[str],
         messages: Any,
         max_tokens: Optional[int],
+        tools: Optional[List[Dict[str, Any]]] = None,
+        tool_choice: Any = None,
     ) -> Dict[str, Any]:
         """Look up the cache, answer greedily, insert the request's blocks. Serialized: batch size one.
+        With ``tools`` and a ``tool_choice`` that requires a call (``required`` or a named tool), the
+        answer is that call (the emulated model never calls a tool unasked).
 
         With ``reasoning`` the output is :func:`thinking_output` (reasoning, then the answer) and every output
         token, reasoning included, is counted, cut by ``max_tokens`` and cached like any other."""
@@ -1316,7 +1339,11 @@ class Emulator:
                 self._metrics["hits"] += cached
             answer = generate_answer(prompt_text)
             diverged = False
-            if cached > 0 and self._should_diverge(prompt_text, messages):
+            flip = cached > 0 and self._should_diverge(prompt_text, messages)
+            if tools and tool_choice not in (None, "auto", "none"):
+                answer = generate_tool_call(prompt_text, tools, tool_choice, flip)
+                diverged = flip
+            elif flip:
                 answer = diverged_answer(prompt_text, answer)
                 diverged = True
             full = thinking_output(generate_reasoning(prompt_text), answer) if cfg.reasoning else answer
@@ -1452,8 +1479,17 @@ class Emulator:
             raise self._validation_error(str(exc), "messages") from None
         prompt_ids = tokenize(prompt_text)
         max_tokens = self._max_tokens(body, len(prompt_ids))
-        result = self._generate(prompt_ids, prompt_text, namespace, messages, max_tokens)
+        tools = body.get("tools") if isinstance(body.get("tools"), list) else None
+        result = self._generate(prompt_ids, prompt_text, namespace, messages, max_tokens, tools,
+                                body.get("tool_choice"))
         reasoning, answer, keep_logprobs = self._message_fields(body, result)
+        tool_calls = None
+        if tools and answer and answer.startswith("<tool_call>\n") and answer.endswith("\n</tool_call>"):
+            call = json.loads(answer[len("<tool_call>\n"):-len("\n</tool_call>")])
+            tool_calls = [{"id": f"call_{uuid.uuid4().hex[:12]}", "type": "function",
+                           "function": {"name": call["name"], "arguments": json.dumps(call["arguments"])}}]
+            answer = None
+            result["finish_reason"] = "tool_calls"
 
         logprobs = (
             {"content": self._logprob_content(prompt_text, result["output_ids"], k)}
@@ -1473,6 +1509,8 @@ class Emulator:
                 "function_call": None,
                 "reasoning": reasoning,
             }
+            if tool_calls:
+                message["tool_calls"] = tool_calls
             choice = {
                 "index": 0,
                 "message": message,
@@ -1504,7 +1542,7 @@ class Emulator:
                 "role": "assistant",
                 "content": answer,
                 "reasoning_content": reasoning,
-                "tool_calls": None,
+                "tool_calls": tool_calls,
             }
             choice = {
                 "index": 0,
