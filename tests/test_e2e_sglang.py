@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, Iterator, Tuple
 
 import pytest
 
@@ -68,6 +68,12 @@ def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
         return done[args]
 
     return run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_servers_after_this_module(sglang_servers) -> Iterator[None]:
+    yield
+    sglang_servers.pool.stop_all()  # ~7 GB back for the tests that follow (they start again if asked for)
 
 
 def check_requests(probe: Dict[str, Any]) -> None:
