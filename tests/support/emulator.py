@@ -11,12 +11,15 @@ that behaves as those servers do for the parts the plugin uses (see
   characters of lowercase words, plus one EOS token (``<|im_end|>``) when it stops by itself;
 * a block-hashed prefix cache (vLLM) / page-aligned radix cache (SGLang) with chained hashes, the salt
   mixed into the first block; after a request, the full blocks of ``prompt + output - 1`` tokens are kept
-  (the last sampled token's KV is never computed); a request hits
+  (the last sampled token's KV is never computed), except that SGLang's overlap scheduler (on by default,
+  ``overlap_schedule``) has already run one more decode step when an answer ends with EOS before
+  ``max_tokens``, so then all ``prompt + output`` tokens are kept; a request hits
   ``floor(min(LCP, n_prompt - 1) / G) * G`` tokens;
 * each server's quirks: vLLM validates ``cache_salt`` (non-empty, <= 128 chars, none of ``@ / \\`` NUL) and
-  reports ``prompt_tokens_details: {"cached_tokens": 0}`` on a miss when reporting is on; SGLang treats an
-  empty salt as no salt, accepts ``extra_key``, and -- as its ``UsageProcessor._details_if_cached`` does --
-  reports ``prompt_tokens_details: null`` whenever the hit count is 0, even with ``--enable-cache-report``;
+  reports ``prompt_tokens_details: {"cached_tokens": 0}`` on a miss when reporting is on, and so does SGLang
+  0.5.23 (``null_details_on_miss=True`` models older SGLang releases, whose
+  ``UsageProcessor._details_if_cached`` left the details null whenever the hit count was 0, even with
+  ``--enable-cache-report``); SGLang treats an empty salt as no salt and accepts ``extra_key``;
   SGLang's ``GET /health`` runs a one-token generation on ``input_ids=[0]`` that goes into the cache;
 * knobs for tests: ``diverge_on_hit`` (chosen prompts answer differently on a cache hit, a modelled
   cache-induced flip), ``honor_salt=False`` (a build that ignores the salt), ``api_key``, and fault
@@ -406,6 +409,18 @@ class EmulatorConfig:
     # SGLang only: SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION (default true in 0.5.23, srt/environ.py:344).
     # False: GET /health answers at once without generating; /health_generate still generates.
     health_generates: bool = True
+    # SGLang only: older releases (UsageProcessor._details_if_cached) report prompt_tokens_details null when
+    # the hit is 0, even with --enable-cache-report; 0.5.23 reports {"cached_tokens": 0}
+    # (srt/entrypoints/openai/usage_processor.py:38-44; seen on the real server in
+    # tests/test_conformance_sglang.py)
+    null_details_on_miss: bool = False
+    # SGLang only: False = --disable-overlap-schedule. With the overlap scheduler (the default) an answer
+    # that ends with EOS before max_tokens leaves prompt + output tokens in the radix cache, one more than
+    # otherwise (its KV was computed by the decode step that ran while the EOS was checked; seen on 0.5.23).
+    overlap_schedule: bool = True
+    # SGLang only: its /tokenize reports the tokenizer's model_max_length as max_model_len (not the context
+    # length; srt/entrypoints/openai/serving_tokenize.py:47-52); None = the context length
+    tokenizer_max_length: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.flavor not in _DEFAULT_VERSIONS:
@@ -784,6 +799,7 @@ class Emulator:
                         "created": self._started_at,
                         "owned_by": "sglang",
                         "root": cfg.model,
+                        "parent": None,
                         "max_model_len": cfg.max_model_len,
                     }
                 )
@@ -969,7 +985,10 @@ class Emulator:
             self._send_error(h, _RequestError(400, str(exc), "BadRequestError"))
             return
         ids = tokenize(text)
-        out: Dict[str, Any] = {"count": len(ids), "max_model_len": self.config.max_model_len, "tokens": ids}
+        limit = self.config.max_model_len
+        if not self._vllm and self.config.tokenizer_max_length is not None:
+            limit = self.config.tokenizer_max_length
+        out: Dict[str, Any] = {"count": len(ids), "max_model_len": limit, "tokens": ids}
         if self._vllm:
             out["token_strs"] = [token_str(t) for t in ids] if body.get("return_token_strs") else None
         h.send_json(200, out)
@@ -1147,13 +1166,21 @@ class Emulator:
             loc = f"body.{param}" if param and param != "body" else "body"
             return _RequestError(400, f"1 validation error:\n  {{'type': '{kind}', 'loc': '{loc}', 'msg': "
                                       f"'{message}', 'input': '<request>'}}", "Bad Request", loc)
-        return _RequestError(400, f"1 validation error for request: {param}: {message}", "Bad Request", None)
+        if param == "body":  # what pydantic says about a body that is not JSON
+            return _RequestError(400, "1 validation error:\n  {'type': 'json_invalid', 'loc': ('body', 1), "
+                                 "'msg': 'JSON decode error'}", "Bad Request", None)
+        return _RequestError(
+            400,
+            f"1 validation error:\n  {{'loc': ('body', {param!r}), 'msg': {message!r}}}",
+            "Bad Request",
+            None,
+        )
 
     def _check_model(self, body: Dict[str, Any]) -> str:
         cfg = self.config
         model = body.get("model")
         if model is None:
-            return cfg.model
+            return cfg.model if self._vllm else "default"  # SGLang's DEFAULT_MODEL_NAME
         if not isinstance(model, str):
             raise self._validation_error("Input should be a valid string", "model")
         if model in cfg.served_models:
@@ -1161,13 +1188,7 @@ class Emulator:
         if self._vllm:
             raise _RequestError(404, f"The model `{model}` does not exist. Valid aliases: "
                                      f"{', '.join(cfg.served_models)}.", "NotFoundError", "model")
-        if model == "default":  # SGLang's DEFAULT_MODEL_NAME
-            return model
-        raise _RequestError(
-            400,
-            f"The model `{model}` does not exist. The served model name is `{cfg.model}`.",
-            "BadRequestError",
-        )
+        return model  # SGLang 0.5.23 serves whatever name a chat request gives, and echoes it
 
     def _namespace(self, body: Dict[str, Any]) -> Optional[str]:
         """Validate the salt fields; return the cache namespace they select (None = the shared one)."""
@@ -1196,6 +1217,15 @@ class Emulator:
             return "vllm\x00" + salt
         extra = body.get("extra_key")
         for name, value in (("cache_salt", salt), ("extra_key", extra)):
+            if value is not None and not isinstance(value, (str, list)):  # the field is str | list[str]
+                raise _RequestError(
+                    400,
+                    f"2 validation errors:\n  {{'type': 'list_type', 'loc': ('body', '{name}', 'list[str]'), "
+                    f"'msg': 'Input should be a valid list'}}\n  {{'type': 'string_type', 'loc': ('body', "
+                    f"'{name}', 'str'), 'msg': 'Input should be a valid string'}}",
+                    "Bad Request",
+                    None,
+                )
             if value is not None and not isinstance(value, str):
                 raise _RequestError(
                     400,
@@ -1217,13 +1247,13 @@ class Emulator:
             value, name = body.get("max_tokens"), "max_tokens"
         if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
             raise self._validation_error("Input should be a valid integer", name)
-        if value is not None and value < 1:
-            if self._vllm:
-                raise _RequestError(
-                    400, f"max_tokens must be at least 1, got {value}. (parameter={name}, value={value})",
-                    "BadRequestError", name
-                )
-            raise _RequestError(400, "max_tokens must be positive", "BadRequestError", None)
+        if value is not None and value < 1 and self._vllm:
+            raise _RequestError(
+                400, f"max_tokens must be at least 1, got {value}. (parameter={name}, value={value})",
+                "BadRequestError", name
+            )
+        if value is not None and value < 0:  # SGLang generates nothing for 0 (SamplingParams.verify)
+            raise _RequestError(400, f"max_new_tokens must be at least 0, got {value}.", "BadRequestError", None)
         if self._vllm and value is not None and value > cfg.max_model_len:
             raise _RequestError(
                 400,
@@ -1356,8 +1386,12 @@ class Emulator:
                 output_ids = tokenize(text) + [EOS_TOKEN_ID]
                 finish = "stop"
             if cfg.prefix_caching:
-                # The last sampled token is never fed back, so its KV is never computed or cached.
-                self._cache.insert((prompt_ids + output_ids)[:-1], namespace)
+                # The last sampled token is never fed back, so its KV is never computed or cached, unless
+                # SGLang's overlap scheduler ran the next decode step before it saw the EOS.
+                ran_ahead = (not self._vllm and cfg.overlap_schedule and finish == "stop"
+                             and (max_tokens is None or len(output_ids) < max_tokens))
+                kept = prompt_ids + output_ids if ran_ahead else (prompt_ids + output_ids)[:-1]
+                self._cache.insert(kept, namespace)
             self._metrics["prompt_tokens"] += n_prompt
             self._metrics["generation_tokens"] += len(output_ids)
             self._metrics["success_" + finish] += 1
@@ -1418,18 +1452,20 @@ class Emulator:
                 # (vllm/entrypoints/openai/chat_completion/serving.py:166, :1110-1122).
                 usage["completion_tokens_details"] = {"reasoning_tokens": result["reasoning_tokens"]}
             return usage
-        # SGLang's UsageProcessor._details_if_cached: the details object only when the count is > 0.
-        details = {"cached_tokens": cached} if cfg.report_cached_tokens and cached > 0 else None
+        details = {"cached_tokens": cached} if cfg.report_cached_tokens else None
+        if cfg.null_details_on_miss and not cached:  # older SGLang's UsageProcessor._details_if_cached
+            details = None
         usage = {
             "prompt_tokens": prompt,
             "total_tokens": prompt + completion,
             "completion_tokens": completion,
             "prompt_tokens_details": details,
             "reasoning_tokens": result["reasoning_tokens"],
+            # null unless there are reasoning tokens (srt/entrypoints/openai/usage_processor.py:127-131)
+            "completion_tokens_details": (
+                {"reasoning_tokens": result["reasoning_tokens"]} if result["reasoning_tokens"] else None
+            ),
         }
-        if result["reasoning_tokens"]:
-            # Set only when there are some (srt/entrypoints/openai/usage_processor.py:127-131).
-            usage["completion_tokens_details"] = {"reasoning_tokens": result["reasoning_tokens"]}
         return usage
 
     @staticmethod
@@ -1466,7 +1502,7 @@ class Emulator:
                     "Cannot apply chat template to an empty conversation. Provide at least one message.",
                     "BadRequestError",
                 )
-            raise _RequestError(400, "Messages cannot be empty", "BadRequestError")
+            raise _RequestError(400, "Messages cannot be empty.", "BadRequestError")
         namespace = self._namespace(body)
         model = self._check_model(body)
         self._check_n(body)
@@ -1500,7 +1536,7 @@ class Emulator:
         created = int(time.time())
         if self._vllm:
             rid = f"chatcmpl-{uuid.uuid4().hex}"
-            message = {
+            message: Dict[str, Any] = {
                 "role": "assistant",
                 "content": answer,
                 "refusal": None,
@@ -1538,12 +1574,9 @@ class Emulator:
             }
         else:
             rid = uuid.uuid4().hex
-            message = {
-                "role": "assistant",
-                "content": answer,
-                "reasoning_content": reasoning,
-                "tool_calls": tool_calls,
-            }
+            message = {"role": "assistant", "content": answer, "reasoning_content": reasoning}
+            if tool_calls:
+                message["tool_calls"] = tool_calls
             choice = {
                 "index": 0,
                 "message": message,

@@ -1,0 +1,163 @@
+"""End to end against the real SGLang 0.5.23 on the CPU (tests/support/sglang_server.py), no emulation.
+
+SGLang is installed once into the cache (with ``CI`` set, failing to obtain it fails these tests instead of
+skipping them); each server configuration starts once per session (``sglang_servers`` in tests/conftest.py).
+The model is the tiny random-weight Qwen2 of tests/support/tiny_hf_model.py. Each plugin run is a real
+``pytest`` subprocess in an empty folder, made once per set of arguments and shared by the tests that read it.
+What the server does (same or different) is recorded, never assumed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, Tuple
+
+import pytest
+
+from tests.support.sglang_server import STARTED
+
+pytestmark = pytest.mark.e2e
+
+# SGLang decodes the tiny model at about 10-30 tokens/s on 2 cores (its scheduler's per-step overhead), and
+# the tiny model's answers run 135-183 tokens: a run keeps CI time small by cutting answers at 32 tokens (a
+# cut turn-1 answer still re-tokenizes as it was generated, so the turn-2 hit covers it) and by running 10
+# of the 20 built-in probes (tests/support/SGLANG_FINDINGS.md has the figures of all 20)
+MAX_TOKENS = "--cachecheck-max-tokens=32"
+ONE_SERVER_ARGS: Tuple[str, ...] = (MAX_TOKENS, "--cachecheck-n=10")
+
+
+@dataclass
+class Run:
+    ret: int
+    out: str
+    data: Dict[str, Any]
+
+    def counts(self) -> Dict[str, int]:
+        counts: Dict[str, int] = {}
+        for p in self.data["probes"]:
+            counts[p["outcome"]] = counts.get(p["outcome"], 0) + 1
+        return counts
+
+    def figures(self, label: str) -> None:
+        s = self.data["summary"]
+        print(f"\nMEASURED {label}: {s['different']} of {s['valid']} valid probes differed "
+              f"({s['inconclusive']} inconclusive, {s['errors']} errors) "
+              f"{[p['id'] for p in self.data['probes'] if p['outcome'] == 'different']}")
+
+
+@pytest.fixture(scope="module")
+def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
+    """Run ``pytest`` with the plugin in an empty folder (a subprocess), once per set of arguments."""
+    done: Dict[Tuple[str, ...], Run] = {}
+
+    def run(*args: str) -> Run:
+        if args not in done:
+            folder = tmp_path_factory.mktemp("sglang-run")
+            report = folder / "report.json"
+            env = {k: v for k, v in os.environ.items()
+                   if not k.startswith(("CACHECHECK_URL", "CACHECHECK_API"))}
+            proc = subprocess.run([sys.executable, "-m", "pytest", *args, f"--cachecheck-report={report}",
+                                   "-p", "no:cacheprovider", "-rfEs"], cwd=folder, env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
+            assert report.is_file(), proc.stdout[-4000:]
+            done[args] = Run(proc.returncode, proc.stdout, json.loads(report.read_text()))
+        return done[args]
+
+    return run
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stop_servers_after_this_module(sglang_servers) -> Iterator[None]:
+    yield
+    sglang_servers.pool.stop_all()  # ~7 GB back for the tests that follow (they start again if asked for)
+
+
+def check_requests(probe: Dict[str, Any]) -> None:
+    """Page size 1: a valid probe's turn-2 hit is turn-1 prompt + answer - 1, or one more when the answer
+    ended with EOS (SGLang's overlap scheduler had already computed its KV); turn 1 and the recompute path
+    reuse 0."""
+    for hit in probe["checks"]["cache_hits"]:
+        assert hit["full_reuse"] <= hit["cached_tokens"] <= hit["full_reuse"] + 1, (probe["id"], hit)
+        assert hit["cached_tokens"] > hit["turn1_prompt_tokens"], probe["id"]
+    for req in probe["requests"]:
+        if req["step"].startswith("recompute") or req["step"].endswith("turn-1"):
+            assert req["cached_tokens"] == 0, (probe["id"], req)
+
+
+def test_without_cache_report_probes_error_naming_the_flag(plugin_run, sglang_servers):
+    run = plugin_run(f"--cachecheck-url={sglang_servers.url('noreport')}", "--cachecheck-n=2")
+    assert run.counts() == {"error": 2}, run.out[-4000:]
+    assert run.ret == 1
+    assert "enable_cache_report false" in run.out and "--enable-cache-report" in run.out
+    for probe in run.data["probes"]:
+        assert probe["requests"] == []  # refused before any probe request
+
+
+def test_one_server_mode_builtin_probes(plugin_run, sglang_servers):
+    run = plugin_run(f"--cachecheck-url={sglang_servers.url('default')}", *ONE_SERVER_ARGS)
+    run.figures("one-server mode, real SGLang 0.5.23, tiny Qwen2 bf16, 32 tokens")
+    counts = run.counts()
+    assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, run.out[-4000:]
+    assert len(run.data["probes"]) == 10
+    different = counts.get("different", 0)
+    assert run.ret == (1 if different else 0)
+    assert f"{different} of 10 valid probes gave a different turn-2 answer on the cache path." in run.out
+    assert run.data["mode"] == "one-server"
+    assert run.data["server"]["kind"] == "sglang" and run.data["server"]["build"] == "0.5.23"
+    assert run.data["server"]["details"]["page_size"] == 1
+    for probe in run.data["probes"]:
+        check_requests(probe)
+        assert len(probe["requests"]) == 6
+        if probe["outcome"] == "different":
+            d = probe["divergence"]
+            assert d["cache_token"] != d["recompute_token"] and d["kind"] in ("near-tie", "large-gap")
+
+
+def test_generating_health_is_warned_about(plugin_run, sglang_servers):
+    run = plugin_run(f"--cachecheck-url={sglang_servers.url('default')}", *ONE_SERVER_ARGS)  # the run above
+    assert "cachecheck: warning: SGLang's /health at" in run.out
+    assert "runs a generation (it answered in" in run.out
+    assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false" in run.out
+    assert any("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" in w for w in run.data["setup_warnings"])
+
+
+def test_two_servers_mode(plugin_run, sglang_servers):
+    cache, nocache = sglang_servers("default", "noradix")
+    run = plugin_run(f"--cachecheck-url={cache.url}", f"--cachecheck-nocache-url={nocache.url}",
+                     MAX_TOKENS, "--cachecheck-n=4")
+    run.figures("two-servers mode, real SGLang 0.5.23 (recompute on --disable-radix-cache), 32 tokens")
+    counts = run.counts()
+    assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, run.out[-4000:]
+    assert run.data["mode"] == "two-servers" and run.data["nocache_server"]["kind"] == "sglang"
+    assert run.data["nocache_server"]["details"]["disable_radix_cache"] is True
+    for probe in run.data["probes"]:
+        check_requests(probe)
+        assert [r["server"] for r in probe["requests"]] == ["cache"] * 4 + ["nocache"] * 2
+
+
+def test_setup_checks_refuse_swapped_servers(plugin_run, sglang_servers):
+    """The /server_info checks: radix cache off on the server under test, on on the "nocache" one."""
+    cache, nocache = sglang_servers("default", "noradix")
+    run = plugin_run(f"--cachecheck-url={nocache.url}", f"--cachecheck-nocache-url={cache.url}",
+                     "--cachecheck-n=2")
+    assert run.counts() == {"error": 2}, run.out[-4000:]
+    assert "the nocache server (sglang) reports prefix caching on" in run.out
+    assert "--disable-radix-cache (SGLang)" in run.out
+    for probe in run.data["probes"]:
+        assert probe["requests"] == []
+    alone = plugin_run(f"--cachecheck-url={nocache.url}", "--cachecheck-n=2")
+    assert alone.counts() == {"error": 2}, alone.out[-4000:]
+    assert "prefix caching is off on the sglang server under test" in alone.out
+
+
+def test_no_cuda_kernel_was_called():
+    """Every server ran with the stand-in sgl_kernel, and SGLang never called one of its functions."""
+    assert STARTED, "no SGLang server was started in this session"
+    for server in STARTED:
+        events = server.standin_events()
+        assert ("import", "sgl_kernel") in events, (server, events[:5])  # the stand-in, not a real kernel
+        assert server.standin_calls() == [], server
