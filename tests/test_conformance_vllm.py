@@ -19,7 +19,7 @@ import requests
 
 from pytest_cachecheck.clients.base import parse_logprobs
 from pytest_cachecheck.clients.http import Http
-from pytest_cachecheck.detect import detect_server
+from pytest_cachecheck.clients import detect_server
 from pytest_cachecheck.errors import RequestError
 from tests.support.emulator import Emulator, EmulatorConfig
 
@@ -147,7 +147,7 @@ def test_metrics_cache_config(side: Side) -> None:
 def test_plugin_detection_reads_version_and_metrics(side: Side) -> None:
     """What the plugin's own detection makes of the server (GET /props, /server_info, /version, /metrics)."""
     for url, caching in ((side.url, True), (side.url_nocache, False)):
-        info = detect_server(Http(url, timeout=60), None)
+        info = detect_server(Http(url, timeout=60), None).info
         assert info.kind == "vllm" and info.build == VERSION and info.model == MODEL
         assert info.details == {"block_size": BLOCK, "enable_prefix_caching": caching}
 

@@ -168,13 +168,14 @@ def test_divergence_anatomy_from_real_logprobs(plugin_run, vllm_servers):
     of the main run carries them (checked in check_valid_run); here the same reading is done on one probe's
     real turn-2 replies of both paths, and how far the two paths' logprobs are apart is recorded."""
     from pytest_cachecheck.clients.http import Http
-    from pytest_cachecheck.clients.openai_compat import OpenAICompatClient, new_salt
-    from pytest_cachecheck.detect import detect_server
+    from pytest_cachecheck.clients import VllmClient, detect_server
+    from pytest_cachecheck.clients.salted import new_salt
     from pytest_cachecheck.probes import builtin_probes
 
     url = vllm_servers.url("bf16")
     http = Http(url, timeout=300)
-    client = OpenAICompatClient(http, detect_server(http, None))
+    client = detect_server(http, None)
+    assert isinstance(client, VllmClient)
     probe = builtin_probes()[1]
     salt = new_salt()
     turn1 = client.chat(probe.turn1_messages(), max_tokens=256, cache={"cache_salt": salt})
