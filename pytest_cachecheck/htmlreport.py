@@ -1,16 +1,21 @@
-"""One self-contained HTML page for a JSON report: the run's numbers, setup warnings, an optional
-baseline comparison and, per probe, both turn-2 answers side by side with the divergence marked.
+"""One self-contained HTML page for a run report (:class:`~pytest_cachecheck.model.RunReport`).
 
-A target-matrix report (one with ``targets``, see :func:`~pytest_cachecheck.report.build_matrix_report`)
-gets a table of the targets side by side, a section per target (its server, setup warnings, baseline
-comparison and comparison with the first target) and its probes grouped by target; there a probe is
-named ``<probe id>@<target>``, as among the plugin's records, and every anchor is unique.
+The page reads top down as a user asks: the verdict (PASS or FAIL, its status and why; per target in a
+target matrix), the counts and the rate, a chart of where each divergence happened and how close the
+two best tokens were there, the baseline comparison, then the probes that matter (new divergences,
+expected divergences, inconclusive, errors) with both turn-2 answers side by side and the divergence
+marked; probes that gave the same answer are folded. A divergence is *expected* when the probe also
+differed in the baseline, or when a gate (``--cachecheck-max-rate``, a baseline policy other than
+``new-divergence``) decides about divergences instead of each probe.
 
-The page has inline CSS only: no script, no external resource (a Content-Security-Policy meta tag
-forbids both, in case anything slipped through). Every text from the report is escaped with
-:func:`html.escape`; conversation text is untrusted and may contain markup. The only URLs shown are
-``report["settings"]["url"]`` (one-server reports) and each target's ``url`` (matrix reports), which
-the plugin already stripped of credentials (they are passed through
+A target matrix gets a table of the targets side by side and a section per target; there a probe is
+named ``<probe id>@<target>`` and every anchor is unique (``probe-<i>``, ``i`` its index in
+``report.probes``; a target's element ids end in ``-<target number>``).
+
+The page has inline CSS and inline SVG only: no script, no external resource (a Content-Security-Policy
+meta tag forbids both, in case anything slipped through). Every text from the report is escaped; a
+``scrub`` function, when given, is applied to every string of the report before anything is rendered.
+The only URLs shown are the report's, which carry no credentials (they pass
 :func:`~pytest_cachecheck.redact.display_url` once more all the same).
 
 This module knows nothing about pytest.
@@ -18,91 +23,214 @@ This module knows nothing about pytest.
 
 from __future__ import annotations
 
+import dataclasses
 import html
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence
+import math
+from enum import Enum
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .files import write_text_atomic
-from .model import RunReport
+from .model import (CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE, NEWLY_DIVERGED,
+                    NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME,
+                    Comparison, Outcome, ProbeRecord, Rate, RunReport, ServerDescription, Status, Summary,
+                    TargetReport)
 from .protocol import first_difference
-from .redact import display_url, scrub_data
+from .redact import display_url
 from .stats import format_p
 
-__all__ = ["render_html", "write_html"]
+__all__ = ["render_html", "write_html", "STYLES", "passed"]
+
+#: the verdicts that pass (the others fail the session)
+PASSING = (Status.PASSED, Status.NO_PROBES)
+NEW, EXPECTED, UNCOUNTED = "new divergence", "expected divergence", "not counted"
+
+#: the colour of every status word the page shows: outcomes, statuses, comparison rows and verdicts,
+#: and the page's own divergence tags. tests/test_htmlreport.py checks that none is missing.
+STYLES: Dict[str, str] = {
+    "same": "ok", "different": "bad", "inconclusive": "warn", "error": "err",
+    "passed": "ok", "diverged": "bad", "gate-failed": "bad", "errors": "err", "too-few-valid": "warn",
+    "unreliable": "severe", "interrupted": "warn", "no-probes": "info",
+    STILL_SAME: "ok", HEALED: "ok", NEWLY_DIVERGED: "bad", STILL_DIFFERENT: "exp", NEWLY_INCONCLUSIVE: "warn",
+    STILL_INCONCLUSIVE: "warn", NEWLY_VALID: "info", CONVERSATION_CHANGED: "info", NEW_PROBE: "info",
+    NOT_RUN: "info",
+    "regressed": "bad", "improved": "ok", "unchanged": "info",
+    NEW: "bad", EXPECTED: "exp", UNCOUNTED: "info",
+}
+_COLOURS = {"ok": "var(--ok)", "bad": "var(--bad)", "exp": "var(--exp)", "warn": "var(--warn)",
+            "err": "var(--err)", "severe": "var(--severe)", "info": "var(--info)"}
+
+
+def _slug(word: str) -> str:
+    return "".join(ch if ch.isalnum() else "-" for ch in word.lower())
+
+
+def _badge_css() -> str:
+    rules = []
+    for family, colour in _COLOURS.items():
+        words = sorted(w for w, f in STYLES.items() if f == family)
+        rules.append(", ".join(f".b-{_slug(w)}" for w in words) + f" {{ background: {colour}; }}")
+    return "\n".join(rules)
+
 
 _CSS = """
-:root { --ok: #1a7f37; --bad: #cf222e; --warn: #9a6700; --err: #6e40c9; --muted: #57606a; }
+:root { --ok: #1a7f37; --bad: #cf222e; --exp: #bc4c00; --warn: #9a6700; --err: #6e40c9; --severe: #82071e;
+        --info: #0969da; --muted: #57606a; --line: #d0d7de; }
 * { box-sizing: border-box; }
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif;
        margin: 0 auto; padding: 16px 24px 48px; max-width: 1400px; color: #1f2328; background: #fff; }
 h1 { font-size: 22px; margin: 8px 0 4px; }
-h2 { font-size: 18px; margin: 28px 0 8px; border-bottom: 1px solid #d0d7de; padding-bottom: 4px; }
-h3 { font-size: 15px; margin: 0; word-break: break-all; }
+h2 { font-size: 18px; margin: 28px 0 8px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
+h3 { font-size: 15px; margin: 18px 0 6px; }
+h4 { font-size: 14px; margin: 0; word-break: break-all; }
 table { border-collapse: collapse; margin: 6px 0; }
 th, td { text-align: left; padding: 3px 10px 3px 0; vertical-align: top; }
 th { color: var(--muted); font-weight: 600; }
 table.grid td, table.grid th { border-bottom: 1px solid #eaeef2; padding: 3px 12px 3px 4px; }
 .num { font-variant-numeric: tabular-nums; text-align: right; }
+.verdict { border: 2px solid; border-radius: 8px; padding: 10px 14px; margin: 12px 0; }
+.verdict.pass { border-color: var(--ok); background: #dafbe1; }
+.verdict.fail { border-color: var(--bad); background: #ffebe9; }
+.word { font-weight: 700; margin-right: 6px; }
+.verdict .word { font-size: 22px; margin-right: 10px; }
+.badge + .badge { margin-left: 4px; }
+.word.pass { color: var(--ok); }
+.word.fail { color: var(--bad); }
+.verdict p { margin: 6px 0 0; }
+.verdict ul { margin: 6px 0 0; padding-left: 0; list-style: none; }
+.verdict li { margin: 3px 0; }
+.verdict li .word { font-size: 14px; display: inline-block; min-width: 40px; }
+td.server { min-width: 120px; }
+td.vs { min-width: 200px; }
+.wide { overflow-x: auto; }
 .counts { display: flex; flex-wrap: wrap; gap: 10px; margin: 8px 0; }
-.count { border: 1px solid #d0d7de; border-radius: 6px; padding: 6px 12px; min-width: 96px; }
+.count { border: 1px solid var(--line); border-radius: 6px; padding: 6px 12px; min-width: 96px; }
 .count b { display: block; font-size: 20px; }
 .badge { display: inline-block; border-radius: 10px; padding: 0 8px; font-size: 12px; font-weight: 600;
          color: #fff; background: var(--muted); white-space: nowrap; }
-.b-same, .b-passed, .b-improved, .b-healed, .b-still-same { background: var(--ok); }
-.b-different, .b-diverged, .b-regressed, .b-newly-diverged, .b-still-different { background: var(--bad); }
-.b-inconclusive, .b-too-few-valid, .b-newly-inconclusive, .b-still-inconclusive,
-.b-interrupted { background: var(--warn); }
-.b-error, .b-errors { background: var(--err); }
+@BADGES@
 .why { color: var(--muted); }
 .warning { color: var(--warn); }
-section.probe { border: 1px solid #d0d7de; border-radius: 6px; padding: 10px 12px; margin: 12px 0; }
-section.probe.o-different { border-left: 5px solid var(--bad); }
-section.probe.o-same { border-left: 5px solid var(--ok); }
-section.probe.o-inconclusive { border-left: 5px solid var(--warn); }
-section.probe.o-error { border-left: 5px solid var(--err); }
+article.probe { border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px; margin: 12px 0;
+                border-left-width: 5px; }
+article.probe.k-new { border-left-color: var(--bad); }
+article.probe.k-expected { border-left-color: var(--exp); border-left-style: dashed; }
+article.probe.k-uncounted { border-left-color: var(--info); border-left-style: dashed; }
+article.probe.o-same { border-left-color: var(--ok); }
+article.probe.o-inconclusive { border-left-color: var(--warn); }
+article.probe.o-error { border-left-color: var(--err); }
 .probe-head { display: flex; gap: 10px; align-items: center; flex-wrap: wrap; }
+.note { margin: 6px 0; }
 .pair { display: grid; grid-template-columns: 1fr 1fr; gap: 12px; margin-top: 8px; }
-.pair h4 { margin: 0 0 4px; font-size: 13px; color: var(--muted); }
+.pair h5, .single h5 { margin: 0 0 4px; font-size: 13px; color: var(--muted); }
+.single { margin-top: 8px; }
 pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; padding: 8px;
       font: 12.5px/1.45 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
       background: #f6f8fa; border-radius: 6px; }
 pre.reason { background: #fff8c5; }
+code { font: 12.5px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; background: #f6f8fa;
+       padding: 0 3px; border-radius: 3px; }
 mark { background: #ffc1c0; color: #82071e; border-radius: 2px; }
 mark.end { background: #eaeef2; color: var(--muted); font-style: italic; }
 .none { color: var(--muted); font-style: italic; }
 details { margin-top: 8px; }
 summary { cursor: pointer; color: var(--muted); }
+details.group > summary { font-size: 15px; font-weight: 600; color: #1f2328; margin: 14px 0 6px; }
 a { color: #0969da; }
 .footer { margin-top: 32px; color: var(--muted); font-size: 12px; }
 .setup-warnings { border: 1px solid #d4a72c; border-left: 5px solid var(--warn); border-radius: 6px;
                   background: #fff8c5; padding: 6px 12px; margin: 8px 0; }
 .setup-warnings ul, ul.checks { margin: 4px 0; padding-left: 20px; }
-section.target { border: 1px solid #d0d7de; border-radius: 6px; padding: 0 12px 10px; margin: 16px 0; }
-section.target h2 { margin-top: 10px; }
-section.target h3 { margin: 14px 0 4px; }
+section.target { border: 1px solid var(--line); border-radius: 6px; padding: 0 12px 10px; margin: 20px 0; }
+section.target > h2 { margin-top: 10px; }
 table#probe-index a { text-decoration: none; }
 .nowrap { white-space: nowrap; }
-"""
+figure.chart { margin: 8px 0 4px; }
+figure.chart svg { max-width: 100%; height: auto; border: 1px solid #eaeef2; border-radius: 6px; }
+figcaption { color: var(--muted); font-size: 12px; }
+.chart text { font: 11px system-ui, sans-serif; fill: var(--muted); }
+.chart .axis { stroke: #8c959f; stroke-width: 1; }
+.chart .grid { stroke: #eaeef2; stroke-width: 1; }
+.chart .tie-zone { fill: #fff8c5; }
+.chart .tie { stroke: var(--warn); stroke-width: 1.5; stroke-dasharray: 6 4; }
+.chart text.tie-label { fill: var(--warn); font-weight: 600; }
+.chart .pt-new { fill: var(--bad); stroke: var(--bad); }
+.chart .pt-expected { fill: var(--exp); stroke: var(--exp); }
+.chart .pt-uncounted { fill: var(--info); stroke: var(--info); }
+.chart .hollow { fill: #fff; stroke-width: 2; }
+.chart .link { stroke-width: 1.5; }
+.key { display: inline-block; width: 10px; height: 10px; border-radius: 50%; vertical-align: middle; }
+.key.sq { border-radius: 0; border: 2px solid var(--muted); background: #fff; }
+.key.dot { background: var(--muted); }
+.key.new { background: var(--bad); }
+.key.expected { background: var(--exp); }
+.key.uncounted { background: var(--info); }
+""".replace("@BADGES@", _badge_css())
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'"
 
+
+# --------------------------------------------------------------------------- small pieces
 
 def _e(value: Any) -> str:
     """Escaped text of any value (None becomes an empty string)."""
     return html.escape("" if value is None else str(value), quote=True)
 
 
-def _slug(value: Any) -> str:
-    """A safe CSS class suffix for an outcome or status word."""
-    text = str(value or "unknown").lower()
-    return "".join(ch if ch.isalnum() else "-" for ch in text)
+def _badge(word: Any) -> str:
+    """A status word as a coloured badge; a word the page has no colour for is shown grey (and its text,
+    which may come from a file, never becomes part of a class name)."""
+    text = str(word) if word is not None else "?"
+    cls = f"b-{_slug(text)}" if text in STYLES else "b-unknown"
+    return f'<span class="badge {cls}">{_e(text)}</span>'
 
 
-def _badge(value: Any) -> str:
-    return f'<span class="badge b-{_slug(value)}">{_e(value or "?")}</span>'
+def passed(status: Status) -> bool:
+    """Whether a verdict with this status passes."""
+    return status in PASSING
 
 
-def _pct(x: Any) -> str:
-    return f"{x:.1%}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "n/a"
+def _word(status: Status) -> str:
+    ok = passed(status)
+    return f'<span class="word {"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}</span>'
+
+
+def _pct(x: Optional[float]) -> str:
+    return "n/a" if x is None else f"{x:.1%}"
+
+
+def _attr(name: str, value: str) -> str:
+    """`` name="value"``, or nothing when value is empty."""
+    return f' {name}="{value}"' if value else ""
+
+
+def _kv_table(rows: Sequence[Tuple[str, str]], ident: str = "") -> str:
+    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
+    return f"<table{_attr('id', ident)}>{body}</table>"
+
+
+def _list(items: Sequence[str], cls: str = "") -> str:
+    return f"<ul{_attr('class', cls)}>" + "".join(f"<li>{_e(i)}</li>" for i in items) + "</ul>"
+
+
+def _server_text(server: Optional[ServerDescription]) -> str:
+    if server is None:
+        return "?"
+    text = " ".join(p for p in (server.kind, server.build or "") if p)
+    return text + (f" | model {server.model}" if server.model else "")
+
+
+def _url_html(url: Optional[str]) -> Optional[str]:
+    """A URL as it may be shown (no credentials, query values masked), or None when there is none."""
+    return f"<code>{_e(display_url(url))}</code>" if url else None
+
+
+def _rate_html(rate: Optional[Rate]) -> str:
+    """A divergence rate with its 95% interval, or n/a when no probe was valid."""
+    if rate is None:
+        return "divergence rate: n/a (no valid probe)"
+    lo, hi = rate.ci95
+    return (f"divergence rate <b>{rate.value:.1%}</b> ({rate.different} of {rate.valid} valid probes), "
+            f"95% Wilson interval {lo:.1%} to {hi:.1%}")
 
 
 def _answer_html(text: Optional[str], at: Optional[int]) -> str:
@@ -113,440 +241,576 @@ def _answer_html(text: Optional[str], at: Optional[int]) -> str:
         return f"<pre>{_e(text)}</pre>"
     at = min(at, len(text))
     rest = text[at:]
-    marked = f'<mark>{_e(rest)}</mark>' if rest else '<mark class="end">(end of answer)</mark>'
+    marked = f"<mark>{_e(rest)}</mark>" if rest else '<mark class="end">(end of answer)</mark>'
     return f"<pre>{_e(text[:at])}{marked}</pre>"
 
 
-def _first(seq: Any) -> Optional[str]:
-    if isinstance(seq, Sequence) and not isinstance(seq, str) and seq:
-        value = seq[0]
-        return value if isinstance(value, str) else None
+def _setup_warnings(warnings: Sequence[str], suffix: str) -> str:
+    """A prominent box listing the setup warnings, or nothing when there are none."""
+    if not warnings:
+        return ""
+    plural = "s" if len(warnings) > 1 else ""
+    return (f'<div class="setup-warnings" id="setup-warnings{suffix}"><b class="warning">setup '
+            f"warning{plural} ({len(warnings)})</b>{_list(warnings)}</div>")
+
+
+# --------------------------------------------------------------------------- scrubbing
+
+def _scrubbed(obj: Any, scrub: Callable[[str], str]) -> Any:
+    """A copy of a report (dataclasses, lists, dicts) with ``scrub`` applied to every string; the status
+    and outcome words (enums) stay as they are, so the copy is still a well-formed report."""
+    if isinstance(obj, Enum):
+        return obj
+    if isinstance(obj, str):
+        return scrub(obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: _scrubbed(getattr(obj, f.name), scrub)
+                                           for f in dataclasses.fields(obj) if f.init})
+    if isinstance(obj, dict):
+        return {_scrubbed(k, scrub): _scrubbed(v, scrub) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_scrubbed(v, scrub) for v in obj)
+    return obj
+
+
+# --------------------------------------------------------------------------- which divergences matter
+
+def _gated_by_rate(settings: Dict[str, Any], target: TargetReport) -> Optional[str]:
+    """Why a rate, not each probe, decides about this target's divergences; None when each probe does."""
+    if settings.get("max_rate") is not None:
+        return f"the rate gate (--cachecheck-max-rate {settings['max_rate']}) decides, not each probe"
+    policy = settings.get("fail_on") or "new-divergence"
+    if target.baseline is not None and policy != "new-divergence":
+        return f"the baseline policy {policy} decides, not each probe"
     return None
 
 
-def _kv_table(rows: Iterable[tuple]) -> str:
-    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
-    return f"<table>{body}</table>"
+def divergence_kind(p: ProbeRecord, target: TargetReport, settings: Dict[str, Any]) -> Tuple[str, str]:
+    """For a probe whose answers differed: its tag (NEW, EXPECTED or UNCOUNTED) and why."""
+    row = next((r for r in target.baseline.rows if r.id == p.id), None) if target.baseline else None
+    if row is not None and row.status == STILL_DIFFERENT:
+        return EXPECTED, "expected: this probe also differed in the baseline"
+    rate_gate = _gated_by_rate(settings, target)
+    policy = settings.get("fail_on") or "new-divergence"
+    if target.baseline is not None and policy == "new-divergence":
+        if row is not None and row.status == NEWLY_DIVERGED:
+            return NEW, ("new: it gave the same answer in the baseline; the baseline policy new-divergence "
+                         "fails the run on it")
+        if rate_gate is None:
+            was = f"{row.status}, {row.before or 'absent'} in the baseline" if row else "not in the baseline"
+            return UNCOUNTED, (f"not counted: the baseline policy new-divergence fails only on probes that "
+                               f"were same in the baseline ({was})")
+    if rate_gate is not None:
+        return EXPECTED, "expected: " + rate_gate
+    return NEW, "new: without a baseline or a rate gate, any valid probe whose answers differ fails the run"
 
 
-def _map(obj: Any, key: str) -> Mapping[str, Any]:
-    """``obj[key]`` when that is a mapping, else an empty one (reports may be partial)."""
-    value = obj.get(key) if isinstance(obj, Mapping) else None
-    return value if isinstance(value, Mapping) else {}
+_KIND_CLASS = {NEW: "new", EXPECTED: "expected", UNCOUNTED: "uncounted"}
 
 
-def _server_text(server: Any) -> str:
-    if not isinstance(server, Mapping):
-        return "?"
-    parts = [server.get("kind") or "?", server.get("build") or ""]
-    text = " ".join(p for p in parts if p)
-    if server.get("model"):
-        text += f" | model {server['model']}"
+class _Probe:
+    """A probe record as the page shows it: its anchor, its label and, when it differed, its tag."""
+
+    def __init__(self, record: ProbeRecord, anchor: str, label: str, kind: Optional[Tuple[str, str]]) -> None:
+        self.record, self.anchor, self.label, self.kind = record, anchor, label, kind
+
+    @property
+    def group(self) -> str:
+        o = self.record.outcome
+        if o == Outcome.DIFFERENT:
+            return "new" if self.kind is not None and self.kind[0] == NEW else "expected"
+        return {Outcome.SAME: "same", Outcome.INCONCLUSIVE: "inconclusive"}.get(o, "errors")
+
+
+_GROUPS = (("new", "New divergences", "these fail the run"),
+           ("expected", "Expected divergences", "they also differed in the baseline, or a rate gate decides; "
+                                                "they do not fail the run by themselves"),
+           ("inconclusive", "Inconclusive", "not valid: the measurement could not be trusted"),
+           ("errors", "Errors", "a request or server error"),
+           ("same", "Same", "both paths gave the same answer"))
+
+
+def _group_title(key: str, title: str, why: str, members: Sequence[_Probe]) -> Tuple[str, str]:
+    """A group's title and note; divergences the baseline policy does not count join the expected ones."""
+    if key == "expected" and any(p.kind and p.kind[0] == UNCOUNTED for p in members):
+        return ("Divergences that do not fail the run",
+                "expected ones (they also differed in the baseline, or a rate gate decides) and ones the "
+                "baseline policy new-divergence does not count (they were not same in the baseline)")
+    return title, why
+
+
+# --------------------------------------------------------------------------- the chart
+
+def _finite(x: Optional[float]) -> Optional[float]:
+    return x if x is not None and math.isfinite(x) and x >= 0 else None
+
+
+def _margins(p: _Probe) -> Tuple[Optional[float], Optional[float]]:
+    """A divergence's margins on the cache and recompute paths, each None when missing or not a number."""
+    d = p.record.divergence
+    return (None, None) if d is None else (_finite(d.cache_margin), _finite(d.recompute_margin))
+
+
+def _token(p: _Probe) -> Optional[int]:
+    d = p.record.divergence
+    return None if d is None or d.token is None or d.token < 0 else d.token
+
+
+def _chart(probes: Sequence[_Probe], max_tokens: Any, suffix: str) -> str:
+    """An inline SVG: x = token index of the first difference, y = the two paths' top-1 minus top-2 logprob
+    margins added up (the logit shift that swaps their tokens; log scale), the near-tie threshold drawn as a
+    line; divergences without margins on a strip below; each mark links to its probe. Empty when no
+    divergence has a token index."""
+    differed = [p for p in probes if p.record.outcome == Outcome.DIFFERENT]
+    placed = [p for p in differed if _token(p) is not None]
+    unplaced = [p for p in differed if _token(p) is None]
+    if not placed:
+        return ""
+    needs_strip = any(None in _margins(p) for p in placed)
+    w, left, right, top, bottom = 760, 64, 16, 14, 176
+    strip = bottom + 24  # the row of divergences without margins, when there are any
+    h = (strip if needs_strip else bottom) + 40
+    x_max = max([_token(p) or 0 for p in placed] + [1])
+    if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= x_max:
+        x_max = max_tokens
+    margins = [sum(ms) for p in placed for ms in [_margins(p)] if None not in ms]  # type: ignore[arg-type]
+    lo_exp, hi_exp = -3, 1
+    if margins and max(margins) > 0:
+        hi_exp = max(1, min(3, math.ceil(math.log10(max(margins)))))
+
+    def x(token: int) -> float:
+        return left + (w - left - right) * min(max(token, 0), x_max) / x_max
+
+    def y(margin: float) -> float:
+        m = math.log10(max(margin, 10.0 ** lo_exp))
+        return top + (bottom - top) * (hi_exp - min(m, hi_exp)) / (hi_exp - lo_exp)
+
+    out = [f'<svg class="chart" id="chart{suffix}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" '
+           f'width="{w}" height="{h}" role="img" '
+           'aria-label="token index and logprob margin of each divergence">',
+           f'<rect class="tie-zone" x="{left}" y="{y(NEAR_TIE_NATS):.1f}" width="{w - left - right}" '
+           f'height="{bottom - y(NEAR_TIE_NATS):.1f}"/>']
+    for e in range(lo_exp, hi_exp + 1):
+        yy = y(10.0 ** e)
+        label = f"{10.0 ** e:g}" if e != lo_exp else f"\u2264{10.0 ** e:g}"
+        out.append(f'<line class="grid" x1="{left}" y1="{yy:.1f}" x2="{w - right}" y2="{yy:.1f}"/>'
+                   f'<text x="{left - 6}" y="{yy + 4:.1f}" text-anchor="end">{_e(label)}</text>')
+    ticks = sorted({round(x_max * i / 4) for i in range(5)})
+    for t in ticks:
+        out.append(f'<line class="axis" x1="{x(t):.1f}" y1="{bottom}" x2="{x(t):.1f}" y2="{bottom + 4}"/>'
+                   f'<text x="{x(t):.1f}" y="{h - 22}" text-anchor="middle">{t}</text>')
+    yt = y(NEAR_TIE_NATS)
+    out += [f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{bottom}"/>',
+            f'<line class="axis" x1="{left}" y1="{bottom}" x2="{w - right}" y2="{bottom}"/>',
+            f'<line class="tie" x1="{left}" y1="{yt:.1f}" x2="{w - right}" y2="{yt:.1f}"/>',
+            f'<text class="tie-label" x="{w - right - 4}" y="{yt - 5:.1f}" text-anchor="end">'
+            f"near-tie threshold {NEAR_TIE_NATS:g} nats</text>",
+            f'<text x="14" y="{(top + bottom) / 2:.0f}" text-anchor="middle" '
+            f'transform="rotate(-90 14 {(top + bottom) / 2:.0f})">margins added (nats)</text>',
+            f'<text x="{left - 6}" y="{strip + 4}" text-anchor="end">no margin</text>'
+            f'<line class="grid" x1="{left}" y1="{strip}" x2="{w - right}" y2="{strip}"/>'
+            if needs_strip else "",
+            f'<text x="{(left + w - right) / 2:.0f}" y="{h - 4}" text-anchor="middle">'
+            f"token index of the first difference (0 to {x_max})</text>"]
+    for p in placed:
+        token = _token(p) or 0
+        cls = f"pt-{_KIND_CLASS[p.kind[0]] if p.kind else 'new'}"
+        cm, rm = _margins(p)
+        xx = x(token)
+        title = f"{p.label}: token {token}"
+        d = p.record.divergence
+        if cm is not None and rm is not None and d is not None:
+            title += f", margin {cm:.4g} (cache) and {rm:.4g} (recompute) nats: {d.kind}"
+            marks = f'<circle class="{cls}" cx="{xx:.1f}" cy="{y(cm + rm):.1f}" r="4.5"/>'
+
+        else:
+            title += ", no logprob margins"
+            marks = (f'<path class="{cls}" d="M{xx:.1f} {strip - 6} l5 6 l-5 6 l-5 -6 z"/>')
+        out.append(f'<a href="#{p.anchor}"><title>{_e(title)}</title>{marks}</a>')
+    out.append("</svg>")
+    kinds = sorted({p.kind[0] for p in placed if p.kind}, key=list(_KIND_CLASS).index)
+    legend = (", ".join(f'<span class="key {_KIND_CLASS[k]}"></span> {_e(k)}' for k in kinds)
+              + f". Each mark is one divergence: how far the paths' two best tokens would have to move to swap "
+              f"(the top-1 minus top-2 margins of both paths added). On or under the dashed line ("
+              f"{NEAR_TIE_NATS:g} nats) they were nearly tied: rounding alone can swap them. Far above it the "
+              "paths computed different numbers. Each mark links to its probe.")
+    if unplaced:
+        legend += " Not placed (no token index): " + ", ".join(
+            f'<a href="#{p.anchor}">{_e(p.label)}</a>' for p in unplaced) + "."
+    return (f'<figure class="chart"><h3>Where the answers parted</h3>{"".join(out)}'
+            f"<figcaption>{legend}</figcaption></figure>")
+
+
+# --------------------------------------------------------------------------- comparisons
+
+def _comparison_section(c: Comparison, anchors: Dict[str, str], *, title: str, ident: str,
+                        before: str = "baseline", after: str = "now", note: Optional[str] = None,
+                        before_anchors: Optional[Dict[str, str]] = None) -> str:
+    """A comparison: verdict, McNemar p, rates, notes, counts and the rows ("still same" folded).
+
+    ``anchors`` (probe id -> anchor) links each row's id to the probe, ``before_anchors`` its
+    before-outcome to the other run's probe (a matrix's reference target). ``ident`` is the section's
+    element id (the rows table gets ``<ident>-rows``)."""
+    out = [f'<div class="comparison" id="{ident}"><h3>{_e(title)}</h3>',
+           f'<p>{_badge(c.verdict)} <span class="why">{_e(c.why)}</span> | exact McNemar p = '
+           f"{_e(format_p(c.mcnemar_p))}</p>"]
+    if note:
+        out.append(f'<p class="why">{_e(note)}</p>')
+    if c.baseline_created:
+        out.append(f'<p class="why">baseline written {_e(c.baseline_created)}</p>')
+    base = c.baseline_rate.text() if c.baseline_rate else "n/a (no valid probe)"
+    cur = c.current_rate.text() if c.current_rate else "n/a (no valid probe)"
+    out.append(f"<p>divergence rate: {_e(before)} {_e(base)} &rarr; {_e(after)} {_e(cur)}</p>")
+    out += [f'<p class="warning">{_e(w)}</p>' for w in c.env_warnings]
+    counts = " | ".join(f"{_e(k)} <b>{v}</b>" for k, v in c.counts.items() if v)
+    if counts:
+        out.append(f"<p>{counts}</p>")
+
+    def rows_table(rows: Sequence[Any], table_id: str) -> str:
+        head = ("<th>before</th><th>after</th>" if (before, after) == ("baseline", "now")
+                else f"<th>{_e(before)}</th><th>{_e(after)}</th>")
+        body = []
+        for r in rows:
+            link = f'<a href="#{anchors[r.id]}">{_e(r.id)}</a>' if r.id in anchors else _e(r.id)
+            was = _e(r.before or "-")
+            if before_anchors is not None and r.id in before_anchors and r.before:
+                was = f'<a href="#{before_anchors[r.id]}">{was}</a>'
+            body.append(f"<tr><td>{link}</td><td>{was}</td><td>{_e(r.after or '-')}</td>"
+                        f"<td>{_badge(r.status)}</td></tr>")
+        return (f'<table class="grid" id="{table_id}"><tr><th>id</th>{head}<th>status</th></tr>'
+                + "".join(body) + "</table>")
+
+    shown = [r for r in c.rows if r.status != STILL_SAME]
+    same = [r for r in c.rows if r.status == STILL_SAME]
+    if shown:
+        out.append(rows_table(shown, f"{ident}-rows"))
+    if same:
+        out.append(f"<details><summary>{len(same)} probe(s) still same</summary>"
+                   f"{rows_table(same, f'{ident}-same-rows')}</details>")
+    if not c.rows:
+        out.append('<p class="none">no probes in either run</p>')
+    out.append("</div>")
+    return "".join(out)
+
+
+# --------------------------------------------------------------------------- one probe
+
+def _probe_article(p: _Probe) -> str:
+    """One probe: its outcome (and tag), where it diverged, its reason and its turn-2 answers."""
+    r = p.record
+    cache, recompute, turn1 = r.cache_answer, r.recompute_answer, r.content("cache-1/turn-1")
+    d = r.divergence
+    at: Optional[int] = None
+    if r.outcome == Outcome.DIFFERENT and cache is not None and recompute is not None:
+        # from the texts shown: a scrubbed secret may have moved the difference
+        at = first_difference(cache, recompute)
+        if at is None and d is not None:
+            at = d.char
+    kind_cls = f" k-{_KIND_CLASS[p.kind[0]]}" if p.kind else ""
+    out = [f'<article class="probe o-{r.outcome.value}{kind_cls}" id="{p.anchor}">',
+           f'<div class="probe-head"><h4>{_e(p.label)}</h4>{_badge(r.outcome.value)}']
+    if p.kind:
+        out.append(_badge(p.kind[0]))
+    if r.source:
+        out.append(f'<span class="why">{_e(r.source)}</span>')
+    out.append(f'<span class="why">{r.duration_s:.2f} s</span></div>')
+    if p.kind:
+        out.append(f'<p class="note why">{_e(p.kind[1])}</p>')
+    if r.outcome == Outcome.DIFFERENT:
+        out.append(f'<p class="divergence">{_divergence_text(r, at)}</p>')
+    elif r.reason:
+        out.append(f'<pre class="reason">{_e(r.reason)}</pre>')
+    if r.outcome == Outcome.SAME and cache == recompute:
+        out.append(f'<div class="single"><h5>turn 2, both paths</h5>{_answer_html(cache, None)}</div>')
+    else:
+        out.append('<div class="pair">'
+                   f"<div><h5>turn 2, cache path</h5>{_answer_html(cache, at)}</div>"
+                   f"<div><h5>turn 2, recompute path</h5>{_answer_html(recompute, at)}</div></div>")
+    if turn1 is not None:
+        out.append(f"<details><summary>turn-1 answer</summary>{_answer_html(turn1, None)}</details>")
+    out.append("</article>")
+    return "".join(out)
+
+
+def _divergence_text(r: ProbeRecord, at: Optional[int]) -> str:
+    d = r.divergence
+    where = f"first difference at character {d.char if d is not None else at}"
+    if d is None:
+        return _e(where)
+    if d.token is not None:
+        where += f" (token {d.token})"
+    text = _e(where)
+    if d.cache_token is not None and d.recompute_token is not None:
+        text += (f": cache <code>{_e(repr(d.cache_token))}</code> vs recompute "
+                 f"<code>{_e(repr(d.recompute_token))}</code>")
+    cm, rm = _finite(d.cache_margin), _finite(d.recompute_margin)
+    if cm is not None and rm is not None:
+        text += f"; top-1 minus top-2 logprob margin {cm:.4f} (cache) and {rm:.4f} (recompute) nats"
+        if d.kind:
+            text += f": <b>{_e(d.kind)}</b>"
     return text
 
 
-def _run_section(report: Mapping[str, Any]) -> str:
-    settings = _map(report, "settings")
-    server = _map(report, "server")
-    probe_set = _map(report, "probe_set")
-    url = settings.get("url")
-    rows: List[tuple] = [
-        ("mode", _e(report.get("mode") or settings.get("mode") or "?")),
-        ("server", _e(_server_text(server))),
-    ]
-    if isinstance(report.get("nocache_server"), Mapping):
-        rows.append(("recompute server", _e(_server_text(report["nocache_server"]))))
-    rows.append(("model", _e(server.get("model") or settings.get("model") or "?")))
-    if _url_html(url):
-        rows.append(("url", _url_html(url)))
-    rows.append(("probe set", _probe_set_html(probe_set)))
-    rows.append(("settings", _e(_settings_text(settings))))
-    rows.append(_written_by(report))
-    return ("<h2>Run</h2>" + _setup_warnings(report.get("setup_warnings"))
-            + _kv_table(rows + _checks_row(report)))
-
-
-def _strings(value: Any) -> List[str]:
-    """The strings of a list field (reports may be partial: anything else is no entry)."""
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return [str(v) for v in value if v is not None]
-    return []
-
-
-def _setup_warnings(warnings: Any, suffix: str = "") -> str:
-    """A prominent box listing the setup warnings, or nothing when there are none."""
-    items = _strings(warnings)
-    if not items:
-        return ""
-    lis = "".join(f"<li>{_e(w)}</li>" for w in items)
-    return (f'<div class="setup-warnings" id="setup-warnings{suffix}"><b class="warning">setup '
-            f"warning{'s' if len(items) > 1 else ''} ({len(items)})</b><ul>{lis}</ul></div>")
-
-
-def _checks_row(obj: Mapping[str, Any]) -> List[tuple]:
-    """The "setup checks" row of a run table (the checks run before the first probe), if any ran."""
-    checks = _strings(obj.get("setup_checks"))
-    if not checks:
-        return []
-    return [("setup checks", '<ul class="checks">' + "".join(f"<li>{_e(c)}</li>" for c in checks) + "</ul>")]
-
-
-def _written_by(report: Mapping[str, Any]) -> tuple:
-    tool = _map(report, "tool")
-    return ("written by", _e(f"{tool.get('name', 'pytest-cachecheck')} {tool.get('version', '')}".strip()
-                             + (f", {report['created']}" if report.get("created") else "")))
-
-
-def _settings_text(settings: Mapping[str, Any]) -> str:
-    shown = ("max_tokens", "hit_tolerance", "skip_hit_check", "min_valid", "timeout", "n")
-    return " | ".join(f"{k} {settings[k]}" for k in shown if settings.get(k) is not None)
-
-
-def _probe_set_html(probe_set: Mapping[str, Any]) -> str:
-    return (_e(f"{probe_set.get('name', '?')} ({probe_set.get('count', '?')} probes)")
-            + f" <code>{_e(probe_set.get('fingerprint') or '')}</code>")
-
-
-def _url_html(url: Any) -> Optional[str]:
-    """A URL as it may be shown (no credentials, query values masked), or None when there is none."""
-    if isinstance(url, str) and url:
-        return f"<code>{_e(display_url(url))}</code>"
-    return None
-
-
-def _summary_section(report: Mapping[str, Any], matrix: bool = False) -> str:
-    s = _map(report, "summary")
-    boxes = "".join(
-        f'<div class="count" id="count-{key}"><b class="num">{_e(s.get(key, "?"))}</b>{_e(label)}</div>'
-        for key, label in (("probes", "probes"), ("valid", "valid"), ("same", "same"),
-                           ("different", "different"), ("inconclusive", "inconclusive"),
-                           ("errors", "errors"))
-    )
-    out = ["<h2>Summary</h2>",
-           f'<p>{_badge(s.get("status"))} <span class="why">{_e(s.get("why") or "")}</span></p>',
-           f'<div class="counts">{boxes}</div>']
-    if matrix:
-        out.append('<p id="rate">divergence rate: per target (a rate over several servers would mean '
-                   'nothing), see <a href="#targets">Targets</a></p>')
-    else:
-        out.append(f'<p id="rate">{_rate_html(s)}</p>')
-    out += _summary_warnings(s)
+def _probe_groups(probes: Sequence[_Probe], suffix: str) -> str:
+    """The probes that matter, in order of importance, then the same ones folded."""
+    if not probes:
+        return '<p class="none">no probe ran</p>'
+    out = []
+    for key, title, why in _GROUPS:
+        members = [p for p in probes if p.group == key]
+        if not members:
+            continue
+        body = "".join(_probe_article(p) for p in members)
+        title, why = _group_title(key, title, why, members)
+        if key == "same":
+            out.append(f'<details class="group" id="group-same{suffix}"><summary>{title} ({len(members)}): '
+                       f'<span class="why">{_e(why)}; click to show</span></summary>{body}</details>')
+        else:
+            out.append(f'<h3 id="group-{key}{suffix}">{title} ({len(members)}) <span class="why">'
+                       f"&ndash; {_e(why)}</span></h3>{body}")
     return "".join(out)
 
 
-def _rate_html(s: Mapping[str, Any]) -> str:
-    """A summary's divergence rate with its 95% interval, or n/a when no probe was valid."""
-    if not isinstance(s.get("rate"), (int, float)):
-        return "divergence rate: n/a (no valid probe)"
-    line = (f"divergence rate <b>{_pct(s['rate'])}</b> ({_e(s.get('different'))} of "
-            f"{_e(s.get('valid'))} valid probes)")
-    ci = s.get("rate_ci95")
-    if isinstance(ci, Sequence) and len(ci) == 2:
-        line += f", 95% Wilson interval {_pct(ci[0])} to {_pct(ci[1])}"
-    return line
+# --------------------------------------------------------------------------- the page's parts
+
+def _verdict_box(report: RunReport, probes: Dict[Optional[str], List[_Probe]]) -> str:
+    s = report.summary
+    ok = passed(s.status)
+    out = [f'<div class="verdict {"pass" if ok else "fail"}" id="verdict">{_word(s.status)}'
+           f'{_badge(s.status.value)} <span class="why-text">{_e(s.why)}</span>']
+    if ok and s.exit_status:
+        out.append(f'<p class="why">pytest itself exited with status {s.exit_status} (other tests failed or '
+                   f"errored)</p>")
+    if report.matrix:
+        lines = []
+        for i, t in enumerate(report.targets):
+            lines.append(f'<li id="verdict-{i}">{_word(t.summary.status)}<a href="#target-{i}">'
+                         f"{_e(t.name)}</a> {_badge(t.summary.status.value)} "
+                         f'<span class="why">{_e(t.summary.why)}</span>{_matter(probes[t.name])}</li>')
+        out.append(f"<ul>{''.join(lines)}</ul>")
+    else:
+        out.append(_matter(probes[None], block=True))
+    out.append("</div>")
+    return "".join(out)
 
 
-def _summary_warnings(s: Mapping[str, Any]) -> List[str]:
-    """A summary's probes not run and the likely cause of recompute reuse, as warning paragraphs."""
-    out = []
-    not_run = _strings(s.get("not_run"))
-    if not_run:
-        out.append(f'<p class="warning">not run: {_e(", ".join(not_run))}</p>')
-    if s.get("recompute_reuse_cause"):
-        out.append(f'<p class="warning">{_e(s["recompute_reuse_cause"])}</p>')
+def _matter(probes: Sequence[_Probe], block: bool = False) -> str:
+    """Links to the probes that matter: new divergences, errors, expected divergences, inconclusive."""
+    parts = []
+    titles = {key: title for key, title, _ in _GROUPS}
+    for key in ("new", "errors", "expected", "inconclusive"):
+        members = [p for p in probes if p.group == key]
+        if members:
+            title = _group_title(key, titles[key], "", members)[0].lower()
+            links = ", ".join(f'<a href="#{p.anchor}">{_e(p.label)}</a>' for p in members[:12])
+            more = f" and {len(members) - 12} more" if len(members) > 12 else ""
+            parts.append(f"{title} ({len(members)}): {links}{more}")
+    if not parts:
+        return ""
+    return f'<p>{"; ".join(parts)}</p>' if block else f'<br><span class="why">{"; ".join(parts)}</span>'
+
+
+def _counts(summary: Summary, with_ids: bool) -> str:
+    t = summary.tally
+    values = (("probes", t.probes), ("valid", t.valid), ("same", t.same), ("different", t.different),
+              ("inconclusive", t.inconclusive), ("errors", t.errors))
+    if with_ids:
+        boxes = "".join(f'<div class="count" id="count-{k}"><b class="num">{v}</b>{k}</div>'
+                        for k, v in values)
+        return f'<div class="counts">{boxes}</div>'
+    return "<p>" + " | ".join(f"{k} <b>{v}</b>" for k, v in values) + "</p>"
+
+
+def _summary_warnings(s: Summary) -> str:
+    out = ""
+    if s.not_run:
+        out += f'<p class="warning">not run: {_e(", ".join(s.not_run))}</p>'
+    if s.recompute_reuse_cause:
+        out += f'<p class="warning">{_e(s.recompute_reuse_cause)}</p>'
     return out
 
 
-def _rate_text(rate: Any) -> str:
-    if not isinstance(rate, Mapping):
-        return "n/a (no valid probe)"
-    text = f"{_pct(rate.get('rate'))} ({rate.get('different')}/{rate.get('valid')}"
-    ci = rate.get("ci95")
-    if isinstance(ci, Sequence) and len(ci) == 2:
-        text += f", 95% CI {_pct(ci[0])} to {_pct(ci[1])}"
-    return text + ")"
+def _settings_text(settings: Dict[str, Any]) -> str:
+    shown = ("n", "max_tokens", "hit_tolerance", "skip_hit_check", "min_valid", "max_rate", "fail_on",
+             "logprobs", "timeout")
+    return " | ".join(f"{k} {settings[k]}" for k in shown
+                      if settings.get(k) is not None and (k != "fail_on" or settings.get("baseline")))
 
 
-def _comparison_section(comparison: Mapping[str, Any], anchors: Mapping[str, str], *,
-                        title: str = "Baseline comparison", ident: str = "baseline",
-                        before: str = "baseline", after: str = "now", heading: str = "h2",
-                        note: Optional[str] = None,
-                        before_anchors: Optional[Mapping[str, str]] = None) -> str:
-    """A comparison (``Comparison.to_dict()``): verdict, McNemar p, rates, notes, counts and the rows.
-
-    ``anchors`` (probe id -> anchor) links each row's id to the probe's section, ``before_anchors``
-    its before-outcome to the other run's section (a matrix's reference target). ``ident`` is the
-    section's element id (the rows table gets ``<ident>-rows``); ``before`` and ``after`` name the two
-    runs (the defaults read as a baseline comparison); ``note`` is shown under the title.
-    """
-    p = comparison.get("mcnemar_p")
-    p_text = format_p(float(p)) if isinstance(p, (int, float)) and not isinstance(p, bool) else "n/a"
-    out = [f'<{heading} id="{ident}">{_e(title)}</{heading}>',
-           (f'<p>{_badge(comparison.get("verdict"))} <span class="why">{_e(comparison.get("why") or "")}'
-            f"</span> | exact McNemar p = {_e(p_text)}</p>")]
-    if note:
-        out.append(f'<p class="why">{_e(note)}</p>')
-    if comparison.get("baseline_created"):
-        out.append(f'<p class="why">{_e(before)} written {_e(comparison["baseline_created"])}</p>')
-    out.append(f"<p>divergence rate: {_e(before)} {_e(_rate_text(comparison.get('baseline_rate')))} &rarr; "
-               f"{_e(after)} {_e(_rate_text(comparison.get('current_rate')))}</p>")
-    for w in comparison.get("env_warnings") or []:
-        cls = "why" if str(w).startswith("note:") else "warning"
-        out.append(f'<p class="{cls}">{_e(w)}</p>')
-    counts = comparison.get("counts") or {}
-    if isinstance(counts, Mapping) and counts:
-        out.append("<p>" + " | ".join(f"{_e(k)} <b>{_e(v)}</b>" for k, v in counts.items() if v) + "</p>")
-    rows = comparison.get("rows") or []
-    body = []
-    for r in rows:
-        if not isinstance(r, Mapping):
-            continue
-        pid = str(r.get("id"))
-        link = f'<a href="#{anchors[pid]}">{_e(pid)}</a>' if pid in anchors else _e(pid)
-        was = _e(r.get("before") or "-")
-        if before_anchors is not None and pid in before_anchors and r.get("before"):
-            was = f'<a href="#{before_anchors[pid]}">{was}</a>'
-        body.append(f"<tr><td>{link}</td><td>{was}</td>"
-                    f"<td>{_e(r.get('after') or '-')}</td><td>{_badge(r.get('status'))}</td></tr>")
-    if body:
-        head = ("<th>before</th><th>after</th>" if (before, after) == ("baseline", "now")
-                else f"<th>{_e(before)}</th><th>{_e(after)}</th>")
-        out.append(f'<table class="grid" id="{ident}-rows"><tr><th>id</th>{head}'
-                   "<th>status</th></tr>" + "".join(body) + "</table>")
-    return "".join(out)
+def _written_by(report: RunReport) -> Tuple[str, str]:
+    return ("written by", _e(f"pytest-cachecheck {report.tool_version}".strip()
+                             + (f", {report.created}" if report.created else "")))
 
 
-def _probe_index(probes: Sequence[Mapping[str, Any]], anchors: Mapping[str, str]) -> str:
-    rows = "".join(
-        f'<tr><td><a href="#{anchors[str(p.get("id"))]}">{_e(p.get("id"))}</a></td>'
-        f"<td>{_badge(p.get('outcome'))}</td></tr>"
-        for p in probes
-    )
-    return f'<table class="grid"><tr><th>id</th><th>outcome</th></tr>{rows}</table>'
+def _probe_set(report: RunReport) -> Tuple[str, str]:
+    ps = report.probe_set
+    return ("probe set", _e(f"{ps.name} ({ps.count} probes)") + f" <code>{_e(ps.fingerprint)}</code>")
 
 
-def _probe_section(p: Mapping[str, Any], anchor: str, label: Optional[str] = None) -> str:
-    """One probe: its outcome, reason and both turn-2 answers; ``label`` (default: the id) heads it."""
-    answers = _map(p, "answers")
-    cache, recompute = _first(answers.get("cache")), _first(answers.get("recompute"))
-    turn1 = _first(answers.get("turn1"))
-    div = p.get("divergence") if isinstance(p.get("divergence"), Mapping) else None
-    at: Optional[int] = None
-    if div is not None and isinstance(div.get("char"), int) and not isinstance(div.get("char"), bool):
-        at = div["char"]
-    elif p.get("outcome") == "different" and cache is not None and recompute is not None:
-        at = first_difference(cache, recompute)
-    outcome = p.get("outcome")
-    out = [f'<section class="probe o-{_slug(outcome)}" id="{anchor}">',
-           f'<div class="probe-head"><h3>{_e(p.get("id") if label is None else label)}</h3>{_badge(outcome)}']
-    if p.get("source"):
-        out.append(f'<span class="why">{_e(p["source"])}</span>')
-    if isinstance(p.get("duration_s"), (int, float)):
-        out.append(f'<span class="why">{p["duration_s"]:.2f} s</span>')
-    out.append("</div>")
-    if at is not None:
-        where = f"first difference at character {at}"
-        if div is not None and isinstance(div.get("token"), int):
-            where += f" (token {div['token']})"
-        out.append(f'<p class="divergence">{_e(where)}</p>')
-    if p.get("reason"):
-        out.append(f'<pre class="reason">{_e(p["reason"])}</pre>')
-    out.append('<div class="pair">'
-               f"<div><h4>turn 2, cache path</h4>{_answer_html(cache, at)}</div>"
-               f"<div><h4>turn 2, recompute path</h4>{_answer_html(recompute, at)}</div>"
-               "</div>")
-    if turn1 is not None:
-        out.append(f"<details><summary>turn-1 answer</summary>{_answer_html(turn1, None)}</details>")
-    out.append("</section>")
-    return "".join(out)
+def _setup_rows(t: TargetReport) -> List[Tuple[str, str]]:
+    s = t.setup
+    rows: List[Tuple[str, str]] = []
+    url = _url_html(t.url)
+    if url:
+        rows.append(("url", url))
+    rows += [("mode", _e(s.mode or "?")), ("server", _e(_server_text(s.server)))]
+    if s.nocache_server is not None:
+        rows.append(("recompute server", _e(_server_text(s.nocache_server))))
+    if s.hit_tolerance is not None:
+        rows.append(("hit_tolerance", _e(f"raised to {s.hit_tolerance} for the server's cache blocks")))
+    if s.setup_checks:
+        rows.append(("setup checks", _list(s.setup_checks, "checks")))
+    return rows
 
 
-# --------------------------------------------------------------------------- target matrix
-
-def _record_key(probe_id: Any, target: Any) -> str:
-    """A probe's name in a target matrix: ``<probe id>@<target>`` (as ``plugin.record_key``)."""
-    return str(probe_id) if target is None else f"{probe_id}@{target}"
-
-
-def _target_of(record: Mapping[str, Any]) -> str:
-    target = record.get("target")
-    return "?" if target is None else str(target)
+def _wrap(report: RunReport, probes: List[ProbeRecord], by_target: Dict[Optional[str], List[_Probe]]) -> None:
+    """Fill ``by_target`` with every probe of the report, its anchor, label and divergence tag."""
+    for i, r in enumerate(probes):
+        target = next((t for t in report.targets if t.name == r.target), report.targets[0])
+        kind = divergence_kind(r, target, report.settings) if r.outcome == Outcome.DIFFERENT else None
+        by_target.setdefault(target.name, []).append(_Probe(r, f"probe-{i}", r.key, kind))
 
 
-class _Matrix:
-    """The targets of a matrix report, their probes and the page's anchors for them.
-
-    Targets are numbered in report order (``target-0`` is the reference); probes whose ``target``
-    names no target of the list come last, in groups of their own. Every probe section is
-    ``probe-<i>``, ``i`` its index in the report's probe list, and every target's element ids carry
-    its number, so anchors stay unique whatever the probe ids and target names are.
-    """
-
-    def __init__(self, report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]]) -> None:
-        self.targets: List[Mapping[str, Any]] = [t for t in report.get("targets") or []
-                                                 if isinstance(t, Mapping)]
-        self.names: List[str] = [str(t.get("name", "?")) for t in self.targets]
-        groups: List[str] = list(dict.fromkeys(self.names))
-        for p in probes:
-            name = _target_of(p)
-            if name not in groups:
-                groups.append(name)
-        self.groups = groups
-        #: probe id -> anchor of that probe's section, per target name (the first record of an id wins)
-        self.anchors: Dict[str, Dict[str, str]] = {g: {} for g in groups}
-        #: (index in the report's probe list, record), per target name
-        self.sections: Dict[str, List[tuple]] = {g: [] for g in groups}
-        for i, p in enumerate(probes):
-            name = _target_of(p)
-            self.anchors[name].setdefault(str(p.get("id")), f"probe-{i}")
-            self.sections[name].append((i, p))
-
-    def ref(self) -> str:
-        return self.names[0] if self.names else "?"
-
-    def probes_id(self, group: str) -> str:
-        """The element id of a target's (or unknown target's) probe heading."""
-        if group in self.names:
-            return f"probes-{self.names.index(group)}"
-        return f"probes-other-{self.groups.index(group)}"
+def _render_single(report: RunReport, probes: List[_Probe]) -> List[str]:
+    t = report.targets[0]
+    s = report.summary
+    anchors: Dict[str, str] = {}
+    for p in probes:
+        anchors.setdefault(p.record.id, p.anchor)
+    parts = [_verdict_box(report, {None: probes}),
+             "<h2>Summary</h2>", _counts(s, True), f'<p id="rate">{_rate_html(s.rate)}</p>',
+             _summary_warnings(s), _setup_warnings(t.setup.setup_warnings, ""),
+             _chart(probes, report.settings.get("max_tokens"), "")]
+    if t.baseline is not None:
+        parts.append(_comparison_section(t.baseline, anchors, title="Baseline comparison", ident="baseline"))
+    parts += [f'<h2 id="probes">Probes ({len(probes)})</h2>', _probe_groups(probes, "")]
+    server = t.setup.server
+    rows = [("mode", _e(t.setup.mode or report.settings.get("mode") or "?")),
+            ("server", _e(_server_text(server)))]
+    if t.setup.nocache_server is not None:
+        rows.append(("recompute server", _e(_server_text(t.setup.nocache_server))))
+    rows.append(("model", _e((server.model if server else None) or report.settings.get("model") or "?")))
+    url = _url_html(report.settings.get("url"))
+    if url:
+        rows.append(("url", url))
+    if t.setup.hit_tolerance is not None:
+        rows.append(("hit_tolerance", _e(f"raised to {t.setup.hit_tolerance} for the server's cache blocks")))
+    rows += [_probe_set(report), ("settings", _e(_settings_text(report.settings))), _written_by(report)]
+    if t.setup.setup_checks:
+        rows.append(("setup checks", _list(t.setup.setup_checks, "checks")))
+    parts += ["<h2>Run</h2>", _kv_table(rows, "run")]
+    return parts
 
 
-def _vs_reference_text(cmp: Any, ref: str) -> str:
-    """The "vs the first target" cell: probes that diverged on one target only, and McNemar p."""
-    if not isinstance(cmp, Mapping):
-        return '<span class="none">n/a</span>'
-    p = cmp.get("mcnemar_p")
-    p_text = format_p(float(p)) if isinstance(p, (int, float)) and not isinstance(p, bool) else "n/a"
-    return (f"{_badge(cmp.get('verdict'))} {_e(cmp.get('newly_diverged_count', 0))} diverged only here, "
-            f"{_e(cmp.get('healed_count', 0))} only on {_e(ref)}; McNemar p = {_e(p_text)}")
-
-
-def _targets_table(m: _Matrix) -> str:
-    ref = m.ref()
-    head = ("target", "status", "server", "mode", "valid", "same", "different", "inconclusive", "errors",
+def _targets_table(report: RunReport) -> str:
+    ref = str(report.targets[0].name)
+    head = ("target", "verdict", "server", "mode", "valid", "same", "different", "inconclusive", "errors",
             "rate", "95% interval", f"vs {ref}")
     nums = {"valid", "same", "different", "inconclusive", "errors", "rate"}
-    num, nowrap = ' class="num"', ' class="nowrap"'
     rows = []
-    for i, t in enumerate(m.targets):
-        s = _map(t, "summary")
-        ci = s.get("rate_ci95")
-        interval = (f"{_pct(ci[0])} to {_pct(ci[1])}" if isinstance(ci, Sequence) and len(ci) == 2
-                    else "n/a")
-        vs = ('<span class="why">(reference)</span>' if i == 0
-              else _vs_reference_text(t.get("vs_reference"), ref))
-        cells = [f'<a href="#target-{i}">{_e(m.names[i])}</a>', _badge(s.get("status")),
-                 _e(_server_text(t.get("server"))), _e(t.get("mode") or "?")]
-        cells += [_e(s.get(k, "?")) for k in ("valid", "same", "different", "inconclusive", "errors")]
-        cells += [_e(_pct(s.get("rate"))), _e(interval), vs]
+    for i, t in enumerate(report.targets):
+        s, rate = t.summary, t.summary.rate
+        interval = f"{rate.ci95[0]:.1%} to {rate.ci95[1]:.1%}" if rate else "n/a"
+        if i == 0:
+            vs = '<span class="why">(reference)</span>'
+        elif t.vs_reference is None:
+            vs = '<span class="none">n/a</span>'
+        else:
+            c = t.vs_reference
+            vs = (f"{_badge(c.verdict)} {c.b} diverged only here, {c.c} only on {_e(ref)} "
+                  f"(McNemar p = {_e(format_p(c.mcnemar_p))})")
+        cells = [f'<a href="#target-{i}">{_e(t.name)}</a>', f"{_word(s.status)}{_badge(s.status.value)}",
+                 _e(_server_text(t.setup.server)), _e(t.setup.mode or "?")]
+        tl = s.tally
+        cells += [str(v) for v in (tl.valid, tl.same, tl.different, tl.inconclusive, tl.errors)]
+        cells += [_pct(rate.value if rate else None), interval, vs]
+        cls = {h: "num" if h in nums else "nowrap" if h == "95% interval" else "" for h in head}
+        cls.update({"server": "server", "mode": "nowrap", f"vs {ref}": "vs"})
         rows.append(f'<tr id="targets-row-{i}">'
-                    + "".join(f"<td{num if h in nums else nowrap if h == '95% interval' else ''}>{c}</td>"
-                              for h, c in zip(head, cells)) + "</tr>")
-    header = "".join(f"<th{num if h in nums else ''}>{_e(h)}</th>" for h in head)
-    return (f'<h2 id="targets">Targets ({len(m.targets)})</h2>'
+                    + "".join(f"<td{_attr('class', cls[h])}>{c}</td>" for h, c in zip(head, cells)) + "</tr>")
+    header = "".join(f"<th{_attr('class', 'num' if h in nums else '')}>{_e(h)}</th>" for h in head)
+    return (f'<h2 id="targets">Targets ({len(report.targets)})</h2>'
             f'<p class="why">Every probe ran on each target; each target is compared probe by probe with '
             f"the first, {_e(ref)}, as with a baseline.</p>"
-            f'<table class="grid" id="targets-table"><tr>{header}</tr>{"".join(rows)}</table>')
+            f'<div class="wide"><table class="grid" id="targets-table"><tr>{header}</tr>{"".join(rows)}'
+            "</table></div>")
 
 
-def _target_summary(t: Mapping[str, Any]) -> str:
-    s = _map(t, "summary")
-    out = [f'<p>{_badge(s.get("status"))} <span class="why">{_e(s.get("why") or "")}</span></p>',
-           "<p>" + " | ".join(f"{_e(k)} <b>{_e(s.get(k, '?'))}</b>"
-                              for k in ("probes", "valid", "same", "different", "inconclusive", "errors"))
-           + "</p>"]
-    out.append(f"<p>{_rate_html(s)}</p>")
-    out += _summary_warnings(s)
-    return "".join(out)
-
-
-def _target_section(m: _Matrix, i: int, baseline: Optional[Mapping[str, Any]]) -> str:
-    t, name, ref = m.targets[i], m.names[i], m.ref()
-    rows: List[tuple] = []
-    if _url_html(t.get("url")):
-        rows.append(("url", _url_html(t.get("url"))))
-    rows.append(("mode", _e(t.get("mode") or "?")))
-    rows.append(("server", _e(_server_text(t.get("server")))))
-    if isinstance(t.get("nocache_server"), Mapping):
-        rows.append(("recompute server", _e(_server_text(t["nocache_server"]))))
-    if t.get("hit_tolerance") is not None:
-        rows.append(("hit_tolerance", _e(f"raised to {t['hit_tolerance']} for the server's cache blocks")))
-    rows += _checks_row(t)
-    count = len(m.sections.get(name, []))
-    rows.append(("probes", f'<a href="#{m.probes_id(name)}">{_e(f"{count} probe(s) on {name}")}</a>'))
-    role = " (reference)" if i == 0 else ""
-    out = [f'<section class="target" id="target-{i}">',
-           f"<h2>Target {_e(name)}{_e(role)}</h2>",
-           _setup_warnings(t.get("setup_warnings"), f"-{i}"),
-           _kv_table(rows),
-           _target_summary(t)]
-    anchors = m.anchors.get(name, {})
-    if baseline is not None:
-        out.append(_comparison_section(baseline, anchors, title=f"Baseline comparison of {name}",
-                                       ident=f"baseline-{i}", heading="h3"))
-    vs = t.get("vs_reference")
-    if i and isinstance(vs, Mapping):
-        vs = {**vs, "baseline_created": None}  # the reference is this run, not an earlier one
-        out.append(_comparison_section(
-            vs, anchors, title=f"{name} vs {ref} (the first target)", ident=f"vs-reference-{i}",
-            before=ref, after=name, heading="h3", before_anchors=m.anchors.get(ref, {}),
-            note=(f"{ref} plays the baseline: newly diverged = differed only on {name}, healed = differed "
-                  f"only on {ref}.")))
-    out.append("</section>")
-    return "".join(out)
-
-
-def _matrix_run_section(report: Mapping[str, Any], m: _Matrix) -> str:
-    settings = _map(report, "settings")
-    targets = ", ".join(f"{name} ({display_url(str(t['url']))})" if isinstance(t.get("url"), str) and t["url"]
-                        else name for name, t in zip(m.names, m.targets))
-    rows: List[tuple] = [
-        ("targets", _e(targets or "?")),
-        ("mode", _e(f"per target (configured {settings.get('mode') or '?'})")),
-        ("probe set", _probe_set_html(_map(report, "probe_set"))),
-        ("settings", _e(_settings_text(settings))),
-        _written_by(report),
-    ]
-    return ("<h2>Run</h2>" + _setup_warnings(report.get("setup_warnings"))
-            + _kv_table(rows + _checks_row(report)))
-
-
-def _matrix_probe_index(m: _Matrix) -> str:
-    """One row per probe id, one column per target: each outcome links to that probe's section."""
-    ids: List[str] = list(dict.fromkeys(str(p.get("id")) for g in m.groups for _, p in m.sections[g]))
-    outcome = {(g, str(p.get("id"))): p.get("outcome") for g in m.groups for _, p in reversed(m.sections[g])}
-    head = "".join(f"<th>{_e(g)}</th>" for g in m.groups)
+def _probe_index(report: RunReport, by_target: Dict[Optional[str], List[_Probe]]) -> str:
+    """One row per probe id, one column per target: each outcome links to that probe."""
+    names = [t.name for t in report.targets]
+    ids = list(dict.fromkeys(p.record.id for n in names for p in by_target.get(n, [])))
+    cell: Dict[Tuple[Optional[str], str], _Probe] = {}
+    for n in names:
+        for p in by_target.get(n, []):
+            cell.setdefault((n, p.record.id), p)
+    head = "".join(f"<th>{_e(n)}</th>" for n in names)
     body = []
     for pid in ids:
         cells = []
-        for g in m.groups:
-            anchor = m.anchors[g].get(pid)
-            if anchor is None:
+        for n in names:
+            hit = cell.get((n, pid))
+            if hit is None:
                 cells.append('<td><span class="none">-</span></td>')
             else:
-                cells.append(f'<td><a href="#{anchor}" title="{_e(_record_key(pid, g))}">'
-                             f"{_badge(outcome.get((g, pid)))}</a></td>")
+                tag = _badge(hit.kind[0]) if hit.kind else ""
+                cells.append(f'<td><a href="#{hit.anchor}" title="{_e(hit.label)}">'
+                             f"{_badge(hit.record.outcome.value)}{tag}</a></td>")
         body.append(f"<tr><td>{_e(pid)}</td>{''.join(cells)}</tr>")
-    return f'<table class="grid" id="probe-index"><tr><th>id</th>{head}</tr>{"".join(body)}</table>'
+    return (f'<h3 id="probe-index-title">Probes side by side</h3><table class="grid" id="probe-index">'
+            f'<tr><th>id</th>{head}</tr>{"".join(body)}</table>')
 
 
-def _render_matrix(report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]]) -> List[str]:
-    m = _Matrix(report, probes)
-    parts = [_summary_section(report, matrix=True), _matrix_run_section(report, m), _targets_table(m)]
-    for i, _ in enumerate(m.names):
-        baseline = m.targets[i].get("baseline")
-        parts.append(_target_section(m, i, baseline if isinstance(baseline, Mapping) else None))
-    parts.append(f'<h2 id="probes">Probes ({len(probes)} on {len(m.names)} targets)</h2>')
-    if not probes:
-        parts.append('<p class="none">no probe ran</p>')
-        return parts
-    parts.append(_matrix_probe_index(m))
-    for g in m.groups:
-        known = g in m.names
-        parts.append(f'<h2 id="{m.probes_id(g)}">Probes on {_e(g if known else f"unknown target {g}")} '
-                     f"({len(m.sections[g])})</h2>")
-        for i, p in m.sections[g]:
-            parts.append(_probe_section(p, f"probe-{i}", _record_key(p.get("id"), g)))
+def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], List[_Probe]]) -> str:
+    t, ref = report.targets[i], report.targets[0]
+    probes = by_target.get(t.name, [])
+    anchors: Dict[str, str] = {}
+    for p in probes:
+        anchors.setdefault(p.record.id, p.anchor)
+    ref_anchors: Dict[str, str] = {}
+    for p in by_target.get(ref.name, []):
+        ref_anchors.setdefault(p.record.id, p.anchor)
+    s = t.summary
+    out = [f'<section class="target" id="target-{i}">',
+           f"<h2>Target {_e(t.name)}{' (reference)' if i == 0 else ''}</h2>",
+           f"<p>{_word(s.status)}{_badge(s.status.value)} <span class=\"why\">{_e(s.why)}</span></p>",
+           _counts(s, False), f"<p>{_rate_html(s.rate)}</p>", _summary_warnings(s),
+           _setup_warnings(t.setup.setup_warnings, f"-{i}"),
+           _chart(probes, report.settings.get("max_tokens"), f"-{i}")]
+    if t.baseline is not None:
+        out.append(_comparison_section(t.baseline, anchors, title=f"Baseline comparison of {t.name}",
+                                       ident=f"baseline-{i}"))
+    if i and t.vs_reference is not None:
+        vs = dataclasses.replace(t.vs_reference, baseline_created=None)  # the reference is this run
+        out.append(_comparison_section(
+            vs, anchors, title=f"{t.name} vs {ref.name} (the first target)", ident=f"vs-reference-{i}",
+            before=str(ref.name), after=str(t.name), before_anchors=ref_anchors,
+            note=(f"{ref.name} plays the baseline: newly diverged = differed only on {t.name}, healed = "
+                  f"differed only on {ref.name}.")))
+    out += [f'<h3 id="probes-{i}">Probes on {_e(t.name)} ({len(probes)})</h3>',
+            _probe_groups(probes, f"-{i}"),
+            f"<details><summary>setup of {_e(t.name)}</summary>{_kv_table(_setup_rows(t), f'setup-{i}')}"
+            "</details></section>"]
+    return "".join(out)
+
+
+def _render_matrix(report: RunReport, by_target: Dict[Optional[str], List[_Probe]]) -> List[str]:
+    s = report.summary
+    warned = [(i, t) for i, t in enumerate(report.targets) if t.setup.setup_warnings]
+    parts = [_verdict_box(report, by_target), "<h2>Summary</h2>", _counts(s, True),
+             '<p id="rate">divergence rate: per target (a rate over several servers would mean nothing), see '
+             '<a href="#targets">Targets</a></p>', _summary_warnings(s)]
+    if warned:
+        parts.append('<p class="warning" id="setup-warnings">setup warnings on: ' + ", ".join(
+            f'<a href="#setup-warnings-{i}">{_e(t.name)} ({len(t.setup.setup_warnings)})</a>'
+            for i, t in warned) + "</p>")
+    parts += [_targets_table(report), _probe_index(report, by_target)]
+    parts += [_target_section(report, i, by_target) for i in range(len(report.targets))]
+    targets = ", ".join(f"{t.name} ({display_url(t.url)})" if t.url else str(t.name) for t in report.targets)
+    mode = f"per target (configured {report.settings.get('mode') or '?'})"
+    rows = [("targets", _e(targets)), ("mode", _e(mode)),
+            _probe_set(report), ("settings", _e(_settings_text(report.settings))), _written_by(report)]
+    parts += ["<h2>Run</h2>", _kv_table(rows, "run")]
     return parts
 
 
@@ -555,18 +819,16 @@ def _render_matrix(report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]
 def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None) -> str:
     """The whole page for a run report; ``scrub`` (e.g. ``Redactor.scrub``) is applied to every string of
     the report before rendering."""
-    data: Mapping[str, Any] = report.to_json()
     if scrub is not None:
-        data = scrub_data(data, scrub)
-    comparison = data.get("baseline") if isinstance(data.get("baseline"), Mapping) else None
-    probes = [p for p in (data.get("probes") or []) if isinstance(p, Mapping)]
-    matrix = report.matrix
-    summary = _map(data, "summary")
-    title = f"pytest-cachecheck: {summary.get('status') or 'report'}"
+        report = _scrubbed(report, scrub)
+    by_target: Dict[Optional[str], List[_Probe]] = {t.name: [] for t in report.targets}
+    _wrap(report, report.probes, by_target)
+    word = "PASS" if passed(report.summary.status) else "FAIL"
+    title = f"pytest-cachecheck: {word} ({report.summary.status.value})"
     intro = ("Each probe is a two-turn conversation; its turn-2 answer is computed once reusing "
              "the server's prompt cache and once recomputed from scratch. A valid probe whose two answers "
              "differ is a divergence: the highlighted text starts at the first differing character.")
-    if matrix:
+    if report.matrix:
         title += " (target matrix)"
         intro += (" This run is a target matrix: every probe ran on each target, and a probe is named "
                   "&lt;probe id&gt;@&lt;target&gt;.")
@@ -577,37 +839,13 @@ def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None)
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
         "<h1>pytest-cachecheck report</h1>",
-        f'<p class="why">{intro}</p>',
     ]
-    if matrix:
-        parts += _render_matrix(data, probes)
-    else:
-        parts += _render_single(data, probes, comparison)
+    body = (_render_matrix(report, by_target) if report.matrix
+            else _render_single(report, by_target[report.targets[0].name]))
+    parts += body[:1] + [f'<p class="why" id="intro">{intro}</p>'] + body[1:]
     parts.append('<p class="footer">Self-contained page written by pytest-cachecheck: no scripts, '
                  "no external resources.</p></body></html>")
-    return "\n".join(parts) + "\n"
-
-
-def _render_single(report: Mapping[str, Any], probes: Sequence[Mapping[str, Any]],
-                   comparison: Optional[Mapping[str, Any]]) -> List[str]:
-    anchors: Dict[str, str] = {}
-    for i, p in enumerate(probes):
-        anchors.setdefault(str(p.get("id")), f"probe-{i}")
-    parts = [_summary_section(report), _run_section(report)]
-    if comparison is not None:
-        parts.append(_comparison_section(comparison, anchors))
-    parts.append(f'<h2 id="probes">Probes ({len(probes)})</h2>')
-    if probes:
-        parts.append(_probe_index(probes, anchors))
-        seen = set()
-        for i, p in enumerate(probes):
-            ident = str(p.get("id"))
-            anchor = anchors[ident] if ident not in seen else f"probe-{i}"
-            seen.add(ident)
-            parts.append(_probe_section(p, anchor))
-    else:
-        parts.append('<p class="none">no probe ran</p>')
-    return parts
+    return "\n".join(p for p in parts if p) + "\n"
 
 
 def write_html(path: str, report: RunReport, scrub: Optional[Callable[[str], str]] = None) -> None:

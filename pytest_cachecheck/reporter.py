@@ -5,6 +5,7 @@ plugin is on, and only on the controller.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List, Optional
 
 import pytest
@@ -23,6 +24,14 @@ CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check()
 EPISODE_RECORD = "cachecheck_episode"  # user_properties key of an episode record
 EPISODE_CHECK_RECORD = "cachecheck_episode_check"  # of a cachecheck.episode() record
 TERMINAL_LINE = 4000  # the longest summary line printed
+
+
+class JsonRecord(Dict[str, Any]):
+    """A record in a report's user_properties: still a dict (pytest-json-report writes it as an object),
+    but JSON where a writer takes its str() (JUnit XML's property values)."""
+
+    def __str__(self) -> str:
+        return json.dumps(self)
 
 
 class Reporter:
@@ -59,7 +68,12 @@ class Reporter:
         by_episode = {_collect.episode_nodeid(k): k for k in self.session.episode_keys()}
         self.selected_episodes = [by_episode[n] for n in ids if n in by_episode]
 
+    @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        # before junitxml reads them; under xdist the controller gets plain dicts back, so wrap here
+        report.user_properties = [(name, JsonRecord(value) if name in (RECORD, CHECK_RECORD)
+                                   and isinstance(value, dict) else value)
+                                  for name, value in report.user_properties]
         for name, value in report.user_properties:
             if name == RECORD and isinstance(value, dict):
                 record = ProbeRecord.from_json(value)

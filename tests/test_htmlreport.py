@@ -1,6 +1,7 @@
-"""The HTML page: escaping, the divergence highlight, no credential leak, atomic writing, setup warnings,
-the target-matrix page, and a real render in headless Chromium (skipped without chromium, except under
-CI where it must run)."""
+"""The HTML page: the verdict line, probes in order of importance, expected divergences, the chart, a style
+for every status word, escaping, the divergence highlight, no credential leak, atomic writing, setup
+warnings, the target-matrix page, and a real render in headless Chromium (skipped without chromium,
+except under CI where it must run)."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ import re
 import shutil
 import struct
 import subprocess
+import zlib
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
 from pytest_cachecheck.baseline import Baseline
-from pytest_cachecheck.htmlreport import render_html, write_html
-from pytest_cachecheck.model import ProbeRecord, ReportError, RunReport
+from pytest_cachecheck.htmlreport import EXPECTED, NEW, STYLES, UNCOUNTED, passed, render_html, write_html
+from pytest_cachecheck.model import (STATUSES, VERDICTS, NEAR_TIE_NATS, Outcome, ProbeRecord, ReportError,
+                                     RunReport, Status, Tally)
 from pytest_cachecheck.redact import Redactor, display_url
-from pytest_cachecheck.run import TargetInput, summarise
+from pytest_cachecheck.run import TargetInput, judge, summarise
 from tests.support import factories as f
 
 SCRIPT = "<script>alert('x')</script>"
@@ -88,7 +91,7 @@ def test_conversation_text_is_escaped() -> None:
     assert "<script" not in page.lower()
     assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in page
     escaped = "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"
-    assert f"vllm 0.34.0 | model {escaped}" in page and f'<span class="why">{escaped}</span>' in page
+    assert f"vllm 0.34.0 | model {escaped}" in page and f'<span class="why-text">{escaped}</span>' in page
     # the answer that ends where the other goes on gets an explicit end marker
     assert '<mark class="end">(end of answer)</mark>' in page
 
@@ -188,7 +191,7 @@ def test_write_html_is_atomic(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def test_sparse_report_renders() -> None:
     page = render_html(RunReport.from_json({"schema_version": 1, "summary": {"status": "passed"},
                                             "probes": [{"id": "x", "outcome": "inconclusive"}]}))
-    assert "<h3>x</h3>" in page and "b-inconclusive" in page
+    assert "<h4>x</h4>" in page and "b-inconclusive" in page
     assert "no probe ran" in render_html(make_report([]))
     # an outcome this version does not know is no longer shown: reading the report names the field
     with pytest.raises(ReportError, match=r"^field 'probes\[0\]\.outcome': unknown value 'weird'"):
@@ -204,14 +207,207 @@ def test_single_report_shows_setup_warnings_and_checks() -> None:
     report.targets[0].setup.setup_warnings = [f"the chat template drops reasoning {SCRIPT}", "second warning"]
     report.targets[0].setup.setup_checks = ["chat template: kept", f"host cache {SCRIPT}"]
     page = render_html(report)
-    run = page[page.index("<h2>Run</h2>"):page.index('<h2 id="probes">')]
-    assert 'id="setup-warnings"' in run and "setup warnings (2)" in run
+    top = page[page.index("<h2>Summary</h2>"):page.index('<h2 id="probes">')]  # above the probes
+    assert 'id="setup-warnings"' in top and "setup warnings (2)" in top
     escaped = "the chat template drops reasoning &lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"
-    assert f"<li>{escaped}</li>" in run
-    assert "<li>second warning</li>" in run
+    assert f"<li>{escaped}</li>" in top
+    assert "<li>second warning</li>" in top
+    run = page[page.index("<h2>Run</h2>"):]
     assert "<th>setup checks</th>" in run and "<li>chat template: kept</li>" in run
     assert "<script" not in page.lower()
     assert "targets" not in run and 'id="targets"' not in page  # still a one-server page
+
+
+# --------------------------------------------------------------------------- verdict, order, styles
+
+def test_verdict_line_first_says_fail_and_why() -> None:
+    page = render_html(sample())
+    assert ('<div class="verdict fail" id="verdict"><span class="word fail">FAIL</span>'
+            '<span class="badge b-diverged">diverged</span> <span class="why-text">1 valid probe(s) gave a '
+            'different turn-2 answer</span>') in page
+    assert page.index('id="verdict"') < page.index("<h2>Summary</h2>") < page.index('<h2 id="probes">')
+    assert "<title>pytest-cachecheck: FAIL (diverged)</title>" in page
+    box = page[page.index('id="verdict"'):page.index("</div>", page.index('id="verdict"'))]
+    # the probes that matter, linked from the verdict, most important first
+    assert box.index('new divergences (1): <a href="#probe-0">alpha-probe</a>') \
+        < box.index('errors (1): <a href="#probe-3">delta-probe</a>') \
+        < box.index('inconclusive (1): <a href="#probe-2">gamma-probe</a>')
+    assert "beta-probe" not in box  # a same probe does not matter
+
+
+def test_verdict_line_says_pass() -> None:
+    report = make_report([f.record("a", "same"), f.record("b", "same")])
+    assert report.summary.exit_status == 1  # other tests failed: the page says so beside the PASS
+    page = render_html(report)
+    assert ('<div class="verdict pass" id="verdict"><span class="word pass">PASS</span>'
+            '<span class="badge b-passed">passed</span> <span class="why-text">no valid probe differed</span>'
+            in page)
+    assert "pytest itself exited with status 1" in page and "FAIL" not in page
+    report.summary.exit_status = 0
+    assert "pytest itself exited" not in render_html(report)
+
+
+def test_pass_or_fail_agrees_with_the_verdicts_the_session_gives() -> None:
+    seen = set()
+    cases = [judge(Tally(4, 4), 0.8), judge(Tally(4, 3, 1), 0.8), judge(Tally(4, 3, 0, 0, 1), 0.8),
+             judge(Tally(4, 1, 0, 3), 0.8), judge(Tally(0), 0.8), judge(Tally(4, 4), 0.8, interrupted=True),
+             judge(Tally(4, 4), 0.8, unreliable="two workers"),
+             judge(Tally(4, 3, 1), 0.8, gates=[(True, "x")]),
+             judge(Tally(4, 3, 1), 0.8, gates=[(False, "within")])]
+    for v in cases:
+        assert passed(v.status) == v.ok, v
+        seen.add(v.status)
+    assert seen == set(Status)  # every status was judged once
+
+
+def article(page: str, anchor: str) -> str:
+    """The <article> of the probe with this anchor."""
+    start = page.rindex("<article ", 0, page.index(f' id="{anchor}"'))
+    return page[start:page.index("</article>", start)]
+
+
+def _css_rules(page: str) -> List[Tuple[str, str]]:
+    css = page[page.index("<style>") + 7:page.index("</style>")]
+    return re.findall(r"([^{}]+)\{([^}]*)\}", css)
+
+
+def test_every_status_word_has_a_style() -> None:
+    """Every word a badge can show (outcomes, statuses, comparison rows and verdicts, the page's tags) has a
+    CSS rule with a colour of its own; a new word without one fails here."""
+    page = render_html(sample())
+    coloured = {sel.strip() for sels, body in _css_rules(page) if "background" in body
+                for sel in sels.split(",")}
+    words = ([s.value for s in Status] + [o.value for o in Outcome] + list(STATUSES) + list(VERDICTS)
+             + [NEW, EXPECTED, UNCOUNTED])
+    assert {"unreliable", "gate-failed", "still different", "no-probes"} <= set(words)
+    for word in words:
+        cls = "b-" + re.sub(r"[^a-z0-9]", "-", word)
+        assert f".{cls}" in coloured, f"status word {word!r} has no style (.{cls})"
+        assert word in STYLES
+    # gate-failed is a failure, coloured as one (it used to be the only grey badge)
+    rule = next(body for sels, body in _css_rules(page) if ".b-gate-failed" in sels.split(", "))
+    assert "var(--bad)" in rule
+    # a word the page does not know (a row status from some file) is grey, and never a class name
+    report = sample(baselines={None: f.baseline([f.record("alpha-probe", "same")])})
+    assert report.targets[0].baseline is not None
+    report.targets[0].baseline.rows[0].status = "made up <b>"
+    page = render_html(report)
+    assert '<span class="badge b-unknown">made up &lt;b&gt;</span>' in page
+
+
+def test_probes_in_order_of_importance_same_ones_folded() -> None:
+    records = [f.record("s1", "same"), f.record("err", "error", cache=None, recompute=None),
+               f.record("inc", "inconclusive", cache="x", recompute="y"), f.record("s2", "same"),
+               f.record("div", "different", cache="abcX", recompute="abcY")]
+    page = render_html(make_report(records))
+    order = [page.index(x) for x in ('id="group-new"', "<h4>div</h4>", 'id="group-inconclusive"',
+                                     "<h4>inc</h4>", 'id="group-errors"', "<h4>err</h4>", 'id="group-same"',
+                                     "<h4>s1</h4>", "<h4>s2</h4>")]
+    assert order == sorted(order)
+    same = page[page.index('<details class="group" id="group-same">'):]
+    assert same.index("<h4>s1</h4>") < same.index("</details>", same.index("<h4>s2</h4>"))
+    assert "Same (2)" in same and 'id="group-expected"' not in page
+    # a same probe shows its answer once; a divergence shows both paths
+    assert same.count("turn 2, both paths") == 2 and "turn 2, cache path" not in same
+    div = article(page, "probe-4")
+    assert "turn 2, cache path" in div and "turn 2, both paths" not in div
+
+
+def test_expected_divergences_against_a_baseline() -> None:
+    before = f.baseline([f.record("old", "different", cache="a1", recompute="a2"), f.record("fresh", "same")])
+    now = [f.record("old", "different", cache="b1", recompute="b2"),
+           f.record("fresh", "different", cache="c1", recompute="c2"),
+           f.record("added", "different", cache="d1", recompute="d2")]
+    report = make_report(now, baselines={None: before})
+    assert report.summary.status == Status.GATE_FAILED
+    page = render_html(report)
+    articles = {a: article(page, a) for a in ("probe-0", "probe-1", "probe-2")}
+    assert 'class="probe o-different k-expected"' in articles["probe-0"]
+    assert '<span class="badge b-expected-divergence">expected divergence</span>' in articles["probe-0"]
+    assert "also differed in the baseline" in articles["probe-0"]
+    assert 'class="probe o-different k-new"' in articles["probe-1"]
+    assert "new divergence" in articles["probe-1"]
+    assert '<span class="badge b-not-counted">not counted</span>' in articles["probe-2"]
+    assert page.index('id="group-new"') < page.index('id="probe-1"') < page.index('id="group-expected"') \
+        < page.index('id="probe-0"')
+    assert "Divergences that do not fail the run (2)" in page
+    # the chart colours them apart as well
+    assert page.count('class="pt-new"') == 1 and page.count('class="pt-expected"') == 1
+
+
+@pytest.mark.parametrize("extra, why", [
+    ({"max_rate": 0.6}, "the rate gate (--cachecheck-max-rate 0.6) decides"),
+    ({"baseline": "b.json", "fail_on": "rate-increase"}, "the baseline policy rate-increase decides"),
+    ({"baseline": "b.json", "fail_on": "never"}, "the baseline policy never decides"),
+])
+def test_expected_divergences_under_a_gate(extra: Dict[str, Any], why: str) -> None:
+    s = f.settings(url=URL, replicas=(URL,), **extra)
+    baselines = {None: f.baseline([f.record("alpha-probe", "same")])} if "baseline" in extra else {}
+    report = f.report(sample_records(), s=s, baselines=baselines)
+    page = render_html(report)
+    alpha = article(page, "probe-0")
+    assert '<span class="badge b-expected-divergence">expected divergence</span>' in alpha
+    assert f"expected: {why}, not each probe" in alpha
+    assert 'id="group-new"' not in page and 'id="group-expected"' in page
+    # without a gate the same probe is a new divergence
+    plain = render_html(f.report(sample_records(), s=f.settings(url=URL, replicas=(URL,))))
+    assert 'class="probe o-different k-new"' in plain and "expected divergence" not in plain
+
+
+# --------------------------------------------------------------------------- the chart
+
+def chart_marks(page: str, ident: str = "chart") -> Dict[str, Dict[str, float]]:
+    """Per probe anchor: the mark's y (cy: both paths' margins added), or the no-margin mark's y."""
+    svg = page[page.index(f'<svg class="chart" id="{ident}"'):]
+    svg = svg[:svg.index("</svg>")]
+    out: Dict[str, Dict[str, float]] = {}
+    for anchor, body in re.findall(r'<a href="#([^"]+)">(.*?)</a>', svg):
+        marks: Dict[str, float] = {}
+        m = re.search(r'<circle [^>]*cy="([0-9.]+)"', body)
+        if m:
+            marks["sum"] = float(m.group(1))
+        m = re.search(r'<path [^>]*d="M([0-9.]+) ([0-9.]+)', body)
+        if m:
+            marks["strip"] = float(m.group(2)) + 6
+        out[anchor] = marks
+    return out
+
+
+def test_chart_places_each_divergence_by_token_and_margin() -> None:
+    records = [f.record("tie", "different", cache="xa", recompute="xb", margins=(0.02, 0.05)),
+               f.record("gap", "different", cache="ya", recompute="yb", margins=(3.0, 0.5)),
+               f.record("blind", "different", cache="za", recompute="zb"),  # a token index, no logprobs
+               f.record(f"lost{SCRIPT}", "different", cache="wa", recompute="wb"),
+               f.record("bad", "different", cache="va", recompute="vb", margins=(float("nan"), -1.0)),
+               f.record("s", "same")]
+    records[1].divergence.token = 200  # type: ignore[union-attr]
+    records[3].divergence.token = None  # type: ignore[union-attr]
+    page = render_html(make_report(records))
+    svg = page[page.index('<svg class="chart"'):page.index("</svg>")]
+    tie = re.search(r'<line class="tie" [^>]*y1="([0-9.]+)"', svg)
+    assert tie is not None
+    tie_y = float(tie.group(1))
+    marks = chart_marks(page)
+    assert set(marks) == {"probe-0", "probe-1", "probe-2", "probe-4"}  # "lost" has no token index
+    assert marks["probe-0"]["sum"] > tie_y  # 0.07 together: below the line, a near-tie
+    assert marks["probe-1"]["sum"] < tie_y  # 3.5 together: far above it
+    assert set(marks["probe-2"]) == {"strip"} and marks["probe-2"]["strip"] > 176  # under the plot
+    assert set(marks["probe-4"]) == {"strip"}  # NaN and negative margins are no margins
+    assert "nan" not in svg.lower()
+    # x: the token index, up to max_tokens
+    link = r'<a href="#(probe-[01])"><title>[^<]*</title><circle class="[^"]*" cx="([0-9.]+)"'
+    xs = dict(re.findall(link, svg))
+    assert float(xs["probe-0"]) < float(xs["probe-1"])
+    assert f"near-tie threshold {NEAR_TIE_NATS:g} nats" in svg and "(0 to 256)" in svg
+    assert "tie: token 3, margin 0.02 (cache) and 0.05 (recompute) nats: near-tie" in svg
+    assert "gap: token 200, margin 3 (cache) and 0.5 (recompute) nats: large-gap" in svg
+    caption = page[page.index("<figcaption>"):page.index("</figcaption>")]
+    assert "Not placed (no token index): <a href=\"#probe-3\">lost&lt;script&gt;" in caption
+    assert "<script" not in page
+    ids = element_ids(page)
+    assert set(re.findall(r'href="#([^"]*)"', page)) <= set(ids)
+    # no divergence, no chart
+    assert "<svg" not in render_html(make_report([f.record("s", "same")]))
 
 
 # --------------------------------------------------------------------------- target matrix
@@ -244,7 +440,7 @@ def element_ids(page: str) -> List[str]:
 
 def probe_anchors(page: str) -> Dict[str, str]:
     """The label of each probe section (``<id>@<target>`` in a matrix) -> its anchor."""
-    found = re.findall(r'<section class="probe [^"]*" id="([^"]+)"><div class="probe-head"><h3>([^<]*)</h3>',
+    found = re.findall(r'<article class="probe [^"]*" id="([^"]+)"><div class="probe-head"><h4>([^<]*)</h4>',
                        page)
     assert len(found) == len({label for _, label in found})
     return {label: anchor for anchor, label in found}
@@ -260,14 +456,30 @@ def test_matrix_anchors_are_unique_and_resolve() -> None:
     by_label = probe_anchors(page)
     assert sorted(by_label) == ["alpha-probe@a", "alpha-probe@b", "beta-probe@a", "beta-probe@b"]
     assert len(set(by_label.values())) == 4
-    # the index: one row per probe id, one linked outcome per target
+    # the index: one row per probe id, one linked outcome per target (and the divergence's tag)
     assert (f'<tr><td>alpha-probe</td><td><a href="#{by_label["alpha-probe@a"]}" title="alpha-probe@a">'
             f'<span class="badge b-same">same</span></a></td><td><a href="#{by_label["alpha-probe@b"]}" '
-            f'title="alpha-probe@b"><span class="badge b-different">different</span></a></td></tr>') in page
-    # probes grouped by target, in target order
-    assert page.index('<h2 id="probes-0">Probes on a (2)</h2>') < page.index("<h3>alpha-probe@a</h3>") \
-        < page.index('<h2 id="probes-1">Probes on b (2)</h2>') < page.index("<h3>alpha-probe@b</h3>")
+            f'title="alpha-probe@b"><span class="badge b-different">different</span>'
+            f'<span class="badge b-new-divergence">new divergence</span></a></td></tr>') in page
+    # probes grouped by target, in target order, each in its target's section
+    assert page.index('id="target-0"') < page.index('<h3 id="probes-0">Probes on a (2)</h3>') \
+        < page.index("<h4>alpha-probe@a</h4>") < page.index('id="target-1"') \
+        < page.index('<h3 id="probes-1">Probes on b (2)</h3>') < page.index("<h4>alpha-probe@b</h4>")
     assert "<pre>Hello world, the answer is 4<mark>2.</mark></pre>" in page
+
+
+def test_matrix_verdict_per_target() -> None:
+    page = render_html(matrix())
+    box = page[page.index('id="verdict"'):page.index("</div>", page.index('id="verdict"'))]
+    assert box.startswith('id="verdict"><span class="word fail">FAIL</span><span class="badge b-diverged">')
+    assert ('<li id="verdict-0"><span class="word pass">PASS</span><a href="#target-0">a</a> '
+            '<span class="badge b-passed">passed</span>') in box
+    assert ('<li id="verdict-1"><span class="word fail">FAIL</span><a href="#target-1">b</a> '
+            '<span class="badge b-diverged">diverged</span>') in box
+    b_line = box[box.index('id="verdict-1"'):]
+    anchor = probe_anchors(page)["alpha-probe@b"]
+    assert f'new divergences (1): <a href="#{anchor}">alpha-probe@b</a>' in b_line
+    assert "<title>pytest-cachecheck: FAIL (diverged) (target matrix)</title>" in page
 
 
 def test_matrix_targets_table_shows_both_rates() -> None:
@@ -282,7 +494,7 @@ def test_matrix_targets_table_shows_both_rates() -> None:
     assert '<a href="#target-1">a</a>' not in row_b and '<a href="#target-1">b</a>' in row_b
     assert "sglang 0.34.0" in row_b and "b-diverged" in row_b
     assert '<td class="num">50.0%</td>' in row_b and "9.5% to 90.5%" in row_b
-    assert "1 diverged only here, 0 only on a; McNemar p = 1.000" in row_b
+    assert "1 diverged only here, 0 only on a (McNemar p = 1.000)" in row_b
     assert "<th>vs a</th>" in table
     # the combined summary has no rate of its own: it points at the table
     assert "divergence rate: per target" in page and 'href="#targets"' in page
@@ -311,8 +523,8 @@ def test_matrix_setup_warnings_are_escaped_per_target() -> None:
     page = render_html(matrix(warnings_b=[f"template drops reasoning {SCRIPT}"]))
     assert "<script" not in page.lower()
     escaped = "template drops reasoning &lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;"
-    run = page[page.index("<h2>Run</h2>"):page.index('id="targets"')]
-    assert f"<li>b: {escaped}</li>" in run  # the combined list names the target
+    top = page[page.index("<h2>Summary</h2>"):page.index('id="targets"')]
+    assert '<a href="#setup-warnings-1">b (1)</a>' in top  # the summary points at the target's warnings
     b = page[page.index('id="target-1"'):]
     b = b[:b.index("</section>")]
     assert 'id="setup-warnings-1"' in b and f"<li>{escaped}</li>" in b
@@ -377,7 +589,7 @@ def test_sparse_matrix_report_renders() -> None:
         RunReport.from_json(data)
     data["probes"][1]["outcome"] = "error"
     page = render_html(RunReport.from_json(data))
-    assert "<h3>p@x</h3>" in page and "<h3>q@x</h3>" in page and "Probes on y (0)" in page
+    assert "<h4>p@x</h4>" in page and "<h4>q@x</h4>" in page and "Probes on y (0)" in page
     ids = element_ids(page)
     assert len(ids) == len(set(ids))
     assert set(re.findall(r'href="#([^"]*)"', page)) <= set(ids)
@@ -413,7 +625,7 @@ def test_matrix_page_through_the_plugin(pytester: pytest.Pytester, emulator: Any
     assert len(ids) == len(set(ids))
     assert set(re.findall(r'href="#([^"]*)"', page)) <= set(ids)
     for pid in ("tea-steeping", "bike-chain", "bread-rising"):
-        assert f"<h3>{pid}@a</h3>" in page and f"<h3>{pid}@b</h3>" in page
+        assert f"<h4>{pid}@a</h4>" in page and f"<h4>{pid}@b</h4>" in page
     assert 'id="baseline-0"' in page and 'id="baseline-1"' in page and 'id="vs-reference-1"' in page
     b = page[page.index('id="target-1"'):]
     b = b[:b.index("</section>")]
@@ -444,6 +656,62 @@ def _env(tmp_path: Path) -> Dict[str, str]:
     return env
 
 
+def png_top(data: bytes, rows: int) -> Tuple[int, int, bytes]:
+    """The first ``rows`` rows of an 8-bit RGB or RGBA PNG (as Chromium writes them): width, bytes per
+    pixel and the pixel bytes."""
+    pos, idat, head = 8, b"", b""
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            head = body
+        elif kind == b"IDAT":
+            idat += body
+    width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", head)
+    assert depth == 8 and colour in (2, 6) and interlace == 0
+    bpp = 3 if colour == 2 else 4
+    stride = width * bpp
+    raw = zlib.decompressobj().decompress(idat, (stride + 1) * rows)
+    out, prev = bytearray(), bytearray(stride)
+    for y in range(min(rows, height)):
+        start = y * (stride + 1)
+        kind_of_filter, line = raw[start], bytearray(raw[start + 1:start + 1 + stride])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], (prev[i - bpp] if i >= bpp else 0)
+            if kind_of_filter == 1:
+                line[i] = (line[i] + a) & 255
+            elif kind_of_filter == 2:
+                line[i] = (line[i] + b) & 255
+            elif kind_of_filter == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif kind_of_filter == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out += line
+        prev = line
+    return width, bpp, bytes(out)
+
+
+def count_colour(pixels: bytes, bpp: int, rgb: Tuple[int, int, int]) -> int:
+    """How many pixels have this colour (within 2 per channel)."""
+    return sum(1 for i in range(0, len(pixels), bpp)
+               if all(abs(pixels[i + k] - rgb[k]) <= 2 for k in range(3)))
+
+
+FAIL_BG, PASS_BG = (0xFF, 0xEB, 0xE9), (0xDA, 0xFB, 0xE1)  # the verdict box's backgrounds
+
+
+def screenshot(exe: str, tmp_path: Path, url: str, png: Path, size: str = "1200,1600") -> bytes:
+    args = [f"--screenshot={png}", f"--window-size={size}", "--hide-scrollbars", "--force-color-profile=srgb"]
+    shot = subprocess.run(_chromium_cmd(exe, tmp_path) + args + [url], check=False, capture_output=True,
+                          text=True, timeout=180, env=_env(tmp_path))
+    assert shot.returncode == 0, shot.stderr[-2000:]
+    return png.read_bytes()
+
+
 def test_real_render_in_headless_chromium(tmp_path: Path) -> None:
     exe = _chromium()
     before = f.baseline([f.record("alpha-probe", "same"), f.record("beta-probe", "same")])
@@ -459,7 +727,7 @@ def test_real_render_in_headless_chromium(tmp_path: Path) -> None:
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
     for pid in ("alpha-probe", "beta-probe", "gamma-probe", "delta-probe"):
-        assert f"<h3>{pid}</h3>" in html
+        assert f"<h4>{pid}</h4>" in html
     assert re.search(r'id="count-probes"><b class="num">4</b>', html)
     assert re.search(r'id="count-same"><b class="num">1</b>', html)
     assert re.search(r'id="count-different"><b class="num">1</b>', html)
@@ -468,18 +736,20 @@ def test_real_render_in_headless_chromium(tmp_path: Path) -> None:
     assert "<script" not in html.lower()  # the conversation's script is text, not an element
     assert "regressed" in html and "newly diverged" in html
 
+    assert '<svg class="chart" id="chart"' in html and "<figcaption>" in html  # the chart is in the DOM
+    assert '<div class="verdict fail" id="verdict">' in html
+
     png = tmp_path / "report.png"
-    shot = subprocess.run(_chromium_cmd(exe, tmp_path) + [f"--screenshot={png}", "--window-size=1200,1600",
-                                                            "--hide-scrollbars", url],
-                          check=False, capture_output=True, text=True, timeout=180, env=_env(tmp_path))
-    assert shot.returncode == 0, shot.stderr[-2000:]
-    data = png.read_bytes()
+    data = screenshot(exe, tmp_path, url, png)
     assert data[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = struct.unpack(">II", data[16:24])
     assert (width, height) == (1200, 1600)
     assert len(data) > 40_000, f"screenshot is only {len(data)} bytes: a blank page?"
+    # the FAIL box is drawn, red, at the top of the page
+    _, bpp, top = png_top(data, 200)
+    assert count_colour(top, bpp, FAIL_BG) > 20_000 and count_colour(top, bpp, PASS_BG) == 0
     keep = os.environ.get("CACHECHECK_KEEP_SCREENSHOT")
-    if keep:  # to look at it: CACHECHECK_KEEP_SCREENSHOT=/tmp/shot.png
+    if keep:  # to look at it: CACHECHECK_KEEP_SCREENSHOT=/tmp/shot.png (the matrix: /tmp/shot.matrix.png)
         shutil.copyfile(png, keep)
         (Path(keep).with_suffix(".dom.html")).write_text(html, encoding="utf-8")
     json.dumps(report.to_json())  # the report stays JSON-able after rendering
@@ -495,13 +765,20 @@ def test_real_render_of_a_matrix_in_headless_chromium(tmp_path: Path) -> None:
     assert dom.returncode == 0, dom.stderr[-2000:]
     html = dom.stdout
     for label in ("alpha-probe@a", "alpha-probe@b", "beta-probe@a", "beta-probe@b"):
-        assert f"<h3>{label}</h3>" in html
+        assert f"<h4>{label}</h4>" in html
     assert 'id="targets-table"' in html and "50.0%" in html and "9.5% to 90.5%" in html
     assert 'id="vs-reference-1"' in html and "1 diverged only here, 0 only on a" in html
     assert "warned &lt;script&gt;" in html and "<script" not in html.lower()
     assert "hunter22" not in html and "alice" not in html
     ids = element_ids(html)
     assert len(ids) == len(set(ids))
+    png = tmp_path / "matrix.png"
+    data = screenshot(exe, tmp_path, page.resolve().as_uri(), png, "1200,2400")
+    _, bpp, top = png_top(data, 260)
+    assert count_colour(top, bpp, FAIL_BG) > 20_000  # the FAIL box, with a line per target
+    keep = os.environ.get("CACHECHECK_KEEP_SCREENSHOT")
+    if keep:
+        shutil.copyfile(png, Path(keep).with_suffix(".matrix.png"))
 
 
 def test_missing_chromium_skips_outside_ci(monkeypatch: pytest.MonkeyPatch) -> None:
