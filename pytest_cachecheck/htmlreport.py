@@ -32,8 +32,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 from .files import write_text_atomic
 from .model import (CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE, NEWLY_DIVERGED,
                     NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME,
-                    Comparison, Outcome, ProbeRecord, Rate, RunReport, ServerDescription, Status, Summary,
-                    TargetReport)
+                    Comparison, EpisodeRecord, EpisodeStep, Outcome, ProbeRecord, Rate, RunReport, ServerDescription,
+                    Status, Summary, TargetReport)
 from .protocol import first_difference
 from .redact import display_url
 from .stats import format_p
@@ -73,6 +73,10 @@ def _badge_css() -> str:
 
 
 _CSS = """
+table.trajectory { width: 100%; table-layout: fixed; }
+table.trajectory th:first-child { width: 110px; }
+table.trajectory tr.parted th, table.trajectory tr.parted td { background: #fff0f0; }
+.call { margin: 4px 0; font-size: 12.5px; }
 :root { --ok: #1a7f37; --bad: #cf222e; --exp: #bc4c00; --warn: #9a6700; --err: #6e40c9; --severe: #82071e;
         --info: #0969da; --muted: #57606a; --line: #d0d7de; }
 * { box-sizing: border-box; }
@@ -156,11 +160,7 @@ figcaption { color: var(--muted); font-size: 12px; }
 .chart .pt-new { fill: var(--bad); stroke: var(--bad); }
 .chart .pt-expected { fill: var(--exp); stroke: var(--exp); }
 .chart .pt-uncounted { fill: var(--info); stroke: var(--info); }
-.chart .hollow { fill: #fff; stroke-width: 2; }
-.chart .link { stroke-width: 1.5; }
 .key { display: inline-block; width: 10px; height: 10px; border-radius: 50%; vertical-align: middle; }
-.key.sq { border-radius: 0; border: 2px solid var(--muted); background: #fff; }
-.key.dot { background: var(--muted); }
 .key.new { background: var(--bad); }
 .key.expected { background: var(--exp); }
 .key.uncounted { background: var(--info); }
@@ -224,12 +224,12 @@ def _url_html(url: Optional[str]) -> Optional[str]:
     return f"<code>{_e(display_url(url))}</code>" if url else None
 
 
-def _rate_html(rate: Optional[Rate]) -> str:
-    """A divergence rate with its 95% interval, or n/a when no probe was valid."""
+def _rate_html(rate: Optional[Rate], what: str = "divergence rate", unit: str = "probe") -> str:
+    """A rate with its 95% interval, or n/a when nothing was valid."""
     if rate is None:
-        return "divergence rate: n/a (no valid probe)"
+        return f"{what}: n/a (no valid {unit})"
     lo, hi = rate.ci95
-    return (f"divergence rate <b>{rate.value:.1%}</b> ({rate.different} of {rate.valid} valid probes), "
+    return (f"{what} <b>{rate.value:.1%}</b> ({rate.different} of {rate.valid} valid {unit}s), "
             f"95% Wilson interval {lo:.1%} to {hi:.1%}")
 
 
@@ -571,6 +571,86 @@ def _probe_groups(probes: Sequence[_Probe], suffix: str) -> str:
     return "".join(out)
 
 
+# --------------------------------------------------------------------------- episodes
+
+_EPISODE_GROUPS = (("different", "Changed trajectories", "the cache path and the recompute path took different "
+                    "trajectories"),
+                   ("inconclusive", "Inconclusive", "not valid: see the reason"),
+                   ("error", "Errors", "a request or server error"),
+                   ("same", "Same trajectory", "both paths took the same trajectory"))
+
+
+def _step_cell(step: Optional[EpisodeStep], other: Optional[EpisodeStep], parted: bool) -> str:
+    if step is None:
+        return '<td><span class="none">(ended)</span></td>'
+    at = first_difference(step.content, other.content) if parted and other is not None else None
+    calls = "".join(f'<div class="call">&rarr; <code>{_e(c.name)}({_e(c.arguments)})</code></div>'
+                    for c in step.tool_calls)
+    text = _answer_html(step.content, at) if step.content or not calls else ""
+    counts = (f'<div class="why">prompt {step.prompt_tokens}, answer {step.completion_tokens}, cached '
+              f"{step.cached_tokens}</div>")
+    return f"<td>{text}{calls}{counts}</td>"
+
+
+def _episode_article(e: EpisodeRecord, anchor: str) -> str:
+    out = [f'<article class="probe o-{e.outcome.value}" id="{anchor}">',
+           f'<div class="probe-head"><h4>{_e(e.key)}</h4>{_badge(e.outcome.value)}'
+           f'<span class="why">{_e(e.source)}</span><span class="why">{e.duration_s:.2f} s</span></div>']
+    if e.reason:
+        out.append(f'<pre class="reason">{_e(e.reason)}</pre>')
+    cache, recompute = e.path("cache-1"), e.path("recompute-1")
+    if cache is not None and recompute is not None:
+        parted = e.parting.step if e.parting is not None else None
+        rows = []
+        for i in range(max(len(cache.steps), len(recompute.steps))):
+            a = cache.steps[i] if i < len(cache.steps) else None
+            b = recompute.steps[i] if i < len(recompute.steps) else None
+            mark = i + 1 == parted
+            rows.append(f'<tr{_attr("class", "parted" if mark else "")}><th>step {i + 1}'
+                        f'{" (parted)" if mark else ""}</th>{_step_cell(a, b, mark)}{_step_cell(b, a, mark)}</tr>')
+        out.append('<table class="grid trajectory"><tr><th></th><th>cache path</th><th>recompute path</th></tr>'
+                   f'{"".join(rows)}</table>'
+                   f'<p class="why">cache path: {_e(cache.ended or "cut short")}; recompute path: '
+                   f'{_e(recompute.ended or "cut short")}</p>')
+    out.append("</article>")
+    return "".join(out)
+
+
+def _episodes_section(t: TargetReport, suffix: str) -> str:
+    """A target's episodes: counts, the rate, where trajectories parted, the baseline comparison and each
+    episode's two trajectories side by side, step by step, the parting step marked."""
+    if t.episodes is None or t.episode_summary is None:
+        return ""
+    s = t.episode_summary
+    out = [f'<h2 id="episodes{suffix}">Episodes ({len(t.episodes)})</h2>',
+           '<p class="why">Each episode is a multi-step conversation, tool calls included; each path feeds its '
+           "own answers forward, the cache path reusing the cache step by step, the recompute path computing "
+           "every step from scratch.</p>",
+           "<p>" + " | ".join(f"{k} <b>{v}</b>" for k, v in (
+               ("episodes", s.tally.probes), ("valid", s.tally.valid), ("same", s.tally.same),
+               ("changed", s.tally.different), ("inconclusive", s.tally.inconclusive),
+               ("errors", s.tally.errors))) + "</p>",
+           f"<p>{_rate_html(s.tally.rate, 'trajectory change rate', 'episode')}</p>"]
+    if s.parting_steps:
+        out.append("<p>first parting step: " + ", ".join(f"step {k}: <b>{v}</b>"
+                                                          for k, v in s.parting_steps.items()) + "</p>")
+    anchors = {e.id: f"episode-{i}{suffix}" for i, e in enumerate(t.episodes)}
+    if t.episode_baseline is not None:
+        out.append(_comparison_section(t.episode_baseline, anchors, title="Baseline comparison of the episodes",
+                                       ident=f"episode-baseline{suffix}"))
+    for outcome, title, why in _EPISODE_GROUPS:
+        members = [(i, e) for i, e in enumerate(t.episodes) if e.outcome.value == outcome]
+        if not members:
+            continue
+        body = "".join(_episode_article(e, anchors[e.id]) for _, e in members)
+        if outcome == "same":
+            out.append(f'<details class="group"><summary>{title} ({len(members)}): <span class="why">{_e(why)}; '
+                       f"click to show</span></summary>{body}</details>")
+        else:
+            out.append(f'<h3>{title} ({len(members)}) <span class="why">&ndash; {_e(why)}</span></h3>{body}')
+    return "".join(out)
+
+
 # --------------------------------------------------------------------------- the page's parts
 
 def _verdict_box(report: RunReport, probes: Dict[Optional[str], List[_Probe]]) -> str:
@@ -677,13 +757,17 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[str]:
     anchors: Dict[str, str] = {}
     for p in probes:
         anchors.setdefault(p.record.id, p.anchor)
-    parts = [_verdict_box(report, {None: probes}),
-             "<h2>Summary</h2>", _counts(s, True), f'<p id="rate">{_rate_html(s.rate)}</p>',
-             _summary_warnings(s), _setup_warnings(t.setup.setup_warnings, ""),
-             _chart(probes, report.settings.get("max_tokens"), "")]
+    only_episodes = not probes and bool(t.episodes)
+    parts = [_verdict_box(report, {None: probes})]
+    if not only_episodes:
+        parts += ["<h2>Summary</h2>", _counts(s, True), f'<p id="rate">{_rate_html(s.rate)}</p>',
+                  _summary_warnings(s)]
+    parts += [_setup_warnings(t.setup.setup_warnings, ""), _chart(probes, report.settings.get("max_tokens"), "")]
     if t.baseline is not None:
         parts.append(_comparison_section(t.baseline, anchors, title="Baseline comparison", ident="baseline"))
-    parts += [f'<h2 id="probes">Probes ({len(probes)})</h2>', _probe_groups(probes, "")]
+    if not only_episodes:
+        parts += [f'<h2 id="probes">Probes ({len(probes)})</h2>', _probe_groups(probes, "")]
+    parts.append(_episodes_section(t, ""))
     server = t.setup.server
     rows = [("mode", _e(t.setup.mode or report.settings.get("mode") or "?")),
             ("server", _e(_server_text(server)))]
@@ -788,7 +872,7 @@ def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], Li
             note=(f"{ref.name} plays the baseline: newly diverged = differed only on {t.name}, healed = "
                   f"differed only on {ref.name}.")))
     out += [f'<h3 id="probes-{i}">Probes on {_e(t.name)} ({len(probes)})</h3>',
-            _probe_groups(probes, f"-{i}"),
+            _probe_groups(probes, f"-{i}"), _episodes_section(t, f"-{i}"),
             f"<details><summary>setup of {_e(t.name)}</summary>{_kv_table(_setup_rows(t), f'setup-{i}')}"
             "</details></section>"]
     return "".join(out)

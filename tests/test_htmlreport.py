@@ -793,3 +793,30 @@ def test_missing_chromium_fails_under_ci(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="CI must install it"):
         _chromium()
+
+
+def test_episodes_side_by_side_with_the_parting_step_marked() -> None:
+    from pytest_cachecheck.model import EpisodeRecord, EpisodeStep, Outcome, Parting, Path, ToolCall
+    from pytest_cachecheck.model import Divergence, EpisodeSummary
+
+    def path(name: str, second: str) -> Path:
+        return Path(name, [EpisodeStep(1, "", [ToolCall("get_weather", '{"city": "Oslo"}')], "tool_calls", 40, 12, 0),
+                           EpisodeStep(2, second, [], "stop", 60, 9, 51)], "user turns ran out")
+
+    changed = EpisodeRecord("walk", "builtin:3", "sha256:w", Outcome.DIFFERENT, "parted at step 2",
+                            Parting(2, "text", Divergence(6, 2, "a", "b"), 2, 2),
+                            [path("cache-1", f"rainy {SCRIPT}"), path("recompute-1", "rainy and cold")])
+    same = EpisodeRecord("chat", "builtin:1", "sha256:c", Outcome.SAME, "",
+                         paths=[path("cache-1", "ok"), path("recompute-1", "ok")])
+    report = make_report([])
+    t = report.targets[0]
+    t.episodes = [changed, same]
+    t.episode_summary = EpisodeSummary.of(t.episodes)
+    page = render_html(report)
+    assert '<h2 id="episodes">Episodes (2)</h2>' in page and "first parting step: step 2: <b>1</b>" in page
+    assert "trajectory change rate <b>50.0%</b>" in page
+    article = page[page.index('id="episode-0"'):page.index("</article>", page.index('id="episode-0"'))]
+    assert article.count('class="parted"') == 1 and "step 2 (parted)" in article
+    assert "get_weather({&quot;city&quot;: &quot;Oslo&quot;})" in article
+    assert "<mark>" in article and SCRIPT not in page  # the difference marked, the text escaped
+    assert page.index('id="episode-0"') < page.index("Same trajectory (1)")  # changed before the folded same
