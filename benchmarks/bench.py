@@ -1,11 +1,22 @@
 """Benchmarks against real tiny llama-servers; run on demand, they print figures (no pass/fail).
 
-    python benchmarks/bench.py [--probes 8] [--rounds 2] [--ftype q4_0]
+    python benchmarks/bench.py [--ftypes f16,q4_0] [--probes 12] [--max-tokens 128] [--rounds 1]
+                               [--before PATH]
 
-1. overhead: wall time of ``pytest --cachecheck-url`` for a probe set against the same six requests per
-   probe sent by a bare loop of plain ``requests`` calls, on the same server in the same run (target <= 1.02);
-2. scaling: the same probe set on one server vs two servers under ``-n 2`` (target <= 1.1 / 2 = 0.55);
-3. start-up: ``pytest --collect-only`` in an empty folder with the plugin on vs off.
+Per model (the tiny demo models, built once and cached):
+
+1. llama.cpp mode, one server: wall time of ``pytest --cachecheck-url`` against the same six requests per
+   probe sent by a bare loop of plain ``requests`` calls without logprobs (the floor of the measurement),
+   on the same server, interleaved; with ``--no-logprobs-too`` also the plugin with
+   ``--cachecheck-no-logprobs``, with ``--before PATH`` the plugin imported from PATH (an older checkout),
+   in the same rounds. Target <= 1.05. Servers run ``-t 1 -tb 1`` unless ``--threads`` says otherwise: on
+   a shared machine a server whose threads wait for each other at every step is slowed most by others.
+2. two-servers mode: the same against a caching server and a ``--no-cache-prompt`` server.
+3. replica scaling: one server vs two replicas under ``-n 2``, every server started with ``-t 1 -tb 1`` (two
+   servers with default threads on two cores spin against each other). Target <= 0.55.
+
+For each plugin run: requests and generated tokens per valid verdict (from the JSON report; the setup
+checks' few one-token requests are not in it). Then start-up: ``pytest --collect-only`` in an empty folder.
 """
 
 from __future__ import annotations
@@ -14,13 +25,15 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import requests
 
@@ -28,45 +41,100 @@ from pytest_cachecheck.llama_server import LlamaServer
 from pytest_cachecheck.probes import builtin_probes
 from pytest_cachecheck.serve import demo_model, ensure_llama_server
 
+ONE_THREAD = ("-t", "1", "-tb", "1")
+
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def bare_protocol(url: str, n: int, max_tokens: int = 256) -> float:
-    """The six requests per probe, as plain requests calls: the floor the plugin is measured against."""
+def server_cpu(servers: Sequence[LlamaServer]) -> float:
+    """CPU seconds (user + system) the servers' processes have used so far (Linux /proc)."""
+    total = 0.0
+    for server in servers:
+        fields = Path(f"/proc/{server.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_of(servers: Sequence[LlamaServer], work: Callable[[], Any]) -> Tuple[Any, float, float]:
+    """(work's result, server CPU seconds, client CPU seconds: this process's and its finished children's).
+
+    CPU seconds, unlike wall time, barely move when other people's processes share the cores."""
+    s0, c0 = server_cpu(servers), time.process_time() + children_cpu()
+    result = work()
+    return result, server_cpu(servers) - s0, time.process_time() + children_cpu() - c0
+
+
+def bare_protocol(url: str, n: int, max_tokens: int, nocache_url: Optional[str] = None) -> float:
+    """The six requests per probe in the plugin's order, as plain requests calls, without logprobs."""
     session = requests.Session()
     base = {"temperature": 0, "max_tokens": max_tokens, "stream": False, "samplers": ["temperature"],
             "id_slot": 0}
+
+    def ask(target: str, messages: List[Dict[str, str]], fields: Dict[str, Any]) -> str:
+        body: Dict[str, Any] = dict(base, messages=messages, **fields)
+        r = session.post(target + "/v1/chat/completions", json=body, timeout=600)
+        r.raise_for_status()
+        content: str = r.json()["choices"][0]["message"]["content"]
+        return content
+
+    # two servers: turn 2 follows the caching server's own setting, recompute goes as it is to the other
+    reuse: Dict[str, Any] = {} if nocache_url else {"cache_prompt": True}
+    scratch: Dict[str, Any] = {} if nocache_url else {"cache_prompt": False}
     start = time.perf_counter()
     for probe in builtin_probes()[:n]:
-        def ask(messages: List[Dict[str, str]], cache: bool, logprobs: bool) -> str:
-            body = dict(base, messages=messages, cache_prompt=cache)
-            if logprobs:
-                body.update(logprobs=True, top_logprobs=2)
-            r = session.post(url + "/v1/chat/completions", json=body, timeout=300)
-            r.raise_for_status()
-            return r.json()["choices"][0]["message"]["content"]
-        first = None
+        first: Optional[str] = None
         for _ in range(2):
-            answer = ask(probe.turn1_messages(), False, False)
+            answer = ask(url, probe.turn1_messages(), {"cache_prompt": False})
             first = first if first is not None else answer
-            ask(probe.turn2_messages(answer), True, True)
-        for _ in range(2):
-            ask(probe.turn2_messages(first), False, True)
+            ask(url, probe.turn2_messages(answer), reuse)
+            ask(nocache_url or url, probe.turn2_messages(first), scratch)
     return time.perf_counter() - start
 
 
-def plugin_run(args: List[str]) -> Tuple[float, float]:
-    """(wall time of the whole pytest run, sum of the probes' own measured durations)."""
+@dataclass
+class PluginRun:
+    wall: float  # the whole pytest run, pytest's own start-up included
+    inside: float  # the sum of the probes' own measured durations
+    probes: int
+    valid: int
+    requests: int
+    tokens: int
+    parted: int  # probes whose run-1 cache and recompute answers parted (run 2 asks for logprobs)
+
+    def per_valid(self) -> str:
+        if not self.valid:
+            return "no valid verdict"
+        return (f"{self.requests / self.valid:.2f} requests and {self.tokens / self.valid:.0f} generated "
+                f"tokens per valid verdict ({self.valid} valid of {self.probes}; "
+                f"{self.parted} parted in run 1)")
+
+
+def plugin_run(args: List[str], pythonpath: Optional[str] = None) -> PluginRun:
+    env = dict(os.environ)
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
     with tempfile.TemporaryDirectory() as folder:
         start = time.perf_counter()
         subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args,
-                        "--cachecheck-report=r.json"], cwd=folder, stdout=subprocess.DEVNULL,
+                        "--cachecheck-report=r.json"], cwd=folder, env=env, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
         wall = time.perf_counter() - start
         probes = json.loads(Path(folder, "r.json").read_text())["probes"]
-        return wall, sum(p["duration_s"] for p in probes)
+    parted = 0
+    for p in probes:
+        steps = {r["step"]: r["content"] for r in p["requests"]}
+        parted += "recompute-1/turn-2" in steps and steps["cache-1/turn-2"] != steps["recompute-1/turn-2"]
+    return PluginRun(wall, sum(p["duration_s"] for p in probes), len(probes),
+                     sum(p["outcome"] in ("same", "different") for p in probes),
+                     sum(len(p["requests"]) for p in probes),
+                     sum(r["completion_tokens"] or 0 for p in probes for r in p["requests"]), parted)
 
 
 def collect_only(args: List[str], rounds: int = 7) -> float:
@@ -80,45 +148,92 @@ def collect_only(args: List[str], rounds: int = 7) -> float:
     return statistics.median(times)
 
 
+def overhead(label: str, opts: argparse.Namespace, servers: Sequence[LlamaServer]) -> None:
+    """Interleaved rounds of the bare loop and the plugin variants on the same server(s): wall time, CPU."""
+    url, nocache_url = servers[0].url, (servers[1].url if len(servers) > 1 else None)
+    common = [f"--cachecheck-url={url}", f"--cachecheck-n={opts.probes}",
+              f"--cachecheck-max-tokens={opts.max_tokens}"]
+    if nocache_url:
+        common.append(f"--cachecheck-nocache-url={nocache_url}")
+    variants: Dict[str, Any] = {"plugin": lambda: plugin_run(common)}
+    if opts.no_logprobs_too:
+        variants["plugin --cachecheck-no-logprobs"] = \
+            lambda: plugin_run(common + ["--cachecheck-no-logprobs"])
+    if opts.before and not nocache_url:
+        variants[f"plugin before ({opts.before})"] = lambda: plugin_run(common, opts.before)
+    bare_protocol(url, 1, opts.max_tokens, nocache_url)  # warm up
+    for r in range(opts.rounds):  # interleaved, so drift hits all alike
+        bare, bare_server, bare_client = cpu_of(
+            servers, lambda: bare_protocol(url, opts.probes, opts.max_tokens, nocache_url))
+        print(f"  {label}, round {r + 1}: bare loop {bare:.2f} s; CPU server {bare_server:.2f} s + client "
+              f"{bare_client:.2f} s", flush=True)
+        for name, measure in variants.items():
+            run, server, client = cpu_of(servers, measure)
+            ratio = (server + client) / (bare_server + bare_client)
+            print(f"    {name}: whole pytest run {run.wall:.2f} s (ratio {run.wall / bare:.3f}), probes "
+                  f"alone {run.inside:.2f} s (ratio {run.inside / bare:.3f}); CPU server {server:.2f} s "
+                  f"(ratio {server / bare_server:.3f}) + client {client:.2f} s, together ratio {ratio:.3f}; "
+                  f"{run.per_valid()}", flush=True)
+
+
+def scaling(opts: argparse.Namespace, binary: Path, model: Path) -> None:
+    common = [f"--cachecheck-n={opts.probes}", f"--cachecheck-max-tokens={opts.max_tokens}"]
+    with LlamaServer(binary, model, extra_args=ONE_THREAD) as one:
+        bare_protocol(one.url, 1, opts.max_tokens)
+        single = [plugin_run([f"--cachecheck-url={one.url}", *common]) for _ in range(opts.rounds)]
+    with LlamaServer(binary, model, extra_args=ONE_THREAD) as a, \
+            LlamaServer(binary, model, extra_args=ONE_THREAD) as b:
+        bare_protocol(a.url, 1, opts.max_tokens)
+        bare_protocol(b.url, 1, opts.max_tokens)
+        pair = [plugin_run([f"--cachecheck-url={a.url}", f"--cachecheck-url={b.url}", *common, "-n", "2"])
+                for _ in range(opts.rounds)]
+    for r, (s, p) in enumerate(zip(single, pair)):
+        print(f"  replica scaling, round {r + 1} (every server -t 1 -tb 1): one server {s.wall:.2f} s, two "
+              f"replicas under -n 2 {p.wall:.2f} s, ratio {p.wall / s.wall:.3f} (target <= 0.55); "
+              f"two replicas: {p.per_valid()}", flush=True)
+
+
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--probes", type=int, default=8)
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--ftype", default="q4_0")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ftypes", default="f16,q4_0")
+    parser.add_argument("--probes", type=int, default=12)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--before", help="also run the plugin imported from this folder (an older checkout)")
+    parser.add_argument("--threads", default="1",
+                        help="llama-server -t and -tb of the overhead runs ('default': the server's own)")
+    parser.add_argument("--no-logprobs-too", action="store_true",
+                        help="also run the plugin with --cachecheck-no-logprobs")
+    parser.add_argument("--skip", default="", help="comma-separated parts to skip: one,two,scaling,startup")
     opts = parser.parse_args()
+    skip = set(filter(None, opts.skip.split(",")))
+    threads = () if opts.threads == "default" else ("-t", opts.threads, "-tb", opts.threads)
     binary = ensure_llama_server(log)
-    model = demo_model(log, opts.ftype)
-    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
-          f"{platform.python_version()}; llama-server {binary}; model tiny {opts.ftype}; {opts.probes} probes")
-    cores = os.cpu_count() or 2
-    with LlamaServer(binary, model) as one:
-        bare_protocol(one.url, 1)  # warm up
-        bare, wall, inside = [], [], []
-        for _ in range(opts.rounds):  # interleaved, so drift hits both alike
-            bare.append(bare_protocol(one.url, opts.probes))
-            w, i = plugin_run([f"--cachecheck-url={one.url}", f"--cachecheck-n={opts.probes}"])
-            wall.append(w)
-            inside.append(i)
-        b, w, i = statistics.median(bare), statistics.median(wall), statistics.median(inside)
-        print(f"1. overhead: bare protocol {b:.2f} s; plugin: probes {i:.2f} s (ratio {i / b:.3f}, target <= 1.02), "
-              f"whole pytest run incl. start-up {w:.2f} s (ratio {w / b:.3f})")
-        single = [plugin_run([f"--cachecheck-url={one.url}", f"--cachecheck-n={opts.probes}"])[0]
-                  for _ in range(opts.rounds)]
-    # replicas share the machine: each gets its share of the cores, as on a real multi-GPU host
-    share = ("-t", str(max(1, cores // 2)))
-    with LlamaServer(binary, model, extra_args=share) as a, LlamaServer(binary, model, extra_args=share) as b2:
-        bare_protocol(a.url, 1)
-        bare_protocol(b2.url, 1)
-        pair = [plugin_run([f"--cachecheck-url={a.url}", f"--cachecheck-url={b2.url}",
-                            f"--cachecheck-n={opts.probes}", "-n", "2"])[0] for _ in range(opts.rounds)]
-    s1, s2 = statistics.median(single), statistics.median(pair)
-    print(f"2. scaling: one server ({cores} threads) {s1:.2f} s, two servers ({share[1]} thread(s) each) under "
-          f"-n 2 {s2:.2f} s, ratio {s2 / s1:.3f} (target <= {1.1 / 2:.3f})")
-    off = collect_only(["-p", "no:cachecheck"])
-    on_idle = collect_only([])
-    on = collect_only(["--cachecheck-url=http://127.0.0.1:9"])
-    print(f"3. start-up (--collect-only, empty folder, median of 7): plugin off {off:.3f} s, installed but "
-          f"not enabled {on_idle:.3f} s, enabled with 20 probes {on:.3f} s")
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at "
+          f"start, {platform.python_implementation()} {platform.python_version()}; llama-server {binary}; "
+          f"{opts.probes} probes, max_tokens {opts.max_tokens}, {opts.rounds} round(s); overhead servers "
+          f"{' '.join(threads) or 'with default threads'}", flush=True)
+    for ftype in opts.ftypes.split(","):
+        model = demo_model(log, ftype)
+        print(f"model tiny {ftype}:", flush=True)
+        if "one" not in skip:
+            with LlamaServer(binary, model, extra_args=threads) as one:
+                overhead("llama.cpp mode, one server", opts, [one])
+        if "two" not in skip:
+            with LlamaServer(binary, model, extra_args=threads) as cache, \
+                    LlamaServer(binary, model, extra_args=(*threads, "--no-cache-prompt")) as nocache:
+                bare_protocol(nocache.url, 1, opts.max_tokens)
+                overhead("two-servers mode", opts, [cache, nocache])
+        if "scaling" not in skip:
+            scaling(opts, binary, model)
+    if "startup" not in skip:
+        off = collect_only(["-p", "no:cachecheck"])
+        on_idle = collect_only([])
+        on = collect_only(["--cachecheck-url=http://127.0.0.1:9"])
+        print(f"start-up (--collect-only, empty folder, median of 7): plugin off {off:.3f} s, installed but "
+              f"not enabled {on_idle:.3f} s, enabled with 20 probes {on:.3f} s")
+    print(f"load average {os.getloadavg()[0]:.1f} at the end", flush=True)
     return 0
 
 

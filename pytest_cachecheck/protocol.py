@@ -3,13 +3,20 @@
 Order of requests for one probe:
 
 1. cache run 1, turn 1 from a clean start;   2. cache run 1, turn 2 reusing turn 1's state;
-3. cache run 2, turn 1 from a clean start;   4. cache run 2, turn 2 reusing turn 1's state;
-5. recompute run 1, turn 2 from scratch;     6. recompute run 2, turn 2 from scratch.
+3. recompute run 1, turn 2 from scratch;
+4. cache run 2, turn 1 from a clean start;   5. cache run 2, turn 2 reusing turn 1's state;
+6. recompute run 2, turn 2 from scratch.
 
 Both recompute runs build turn 2 on cache run 1's turn-1 answer. A probe is valid when each path
 repeats on its own, the server's counters show the cache-path turn 2 reused turn-1 prompt + answer (to
 within the tolerance, and past the prompt) and the recompute path reused nothing. A valid probe whose
 cache and recompute turn-2 answers differ is a divergence. Knows nothing about pytest.
+
+Logprobs (top-2 per answer token) are asked for only where a verdict reads them: on the two run-2 turn-2
+requests (5 and 6), and only when run 1's cache and recompute answers parted. Run 2 must repeat run 1
+exactly, so a run 2 that asking for logprobs had changed fails the "path did not repeat" rule and the
+anatomy (token index, both tokens, both margins) never rests on a changed answer. Turn 1 never asks; with
+``logprobs`` off in the settings nothing asks.
 """
 
 from __future__ import annotations
@@ -142,10 +149,8 @@ class Runner:
         return record
 
     def _ask(self, record: ProbeRecord, replies: Dict[str, Reply], name: str, server: str, client: ChatClient,
-             messages: List[Dict[str, Any]], fields: Dict[str, Any]) -> Reply:
-        # every turn-2 request (both paths, both runs) asks for logprobs alike, turn 1 never
-        want = self.settings.logprobs and name.endswith("turn-2")
-        reply = client.chat(messages, max_tokens=self.settings.max_tokens, cache=fields, logprobs=want)
+             messages: List[Dict[str, Any]], fields: Dict[str, Any], logprobs: bool = False) -> Reply:
+        reply = client.chat(messages, max_tokens=self.settings.max_tokens, cache=fields, logprobs=logprobs)
         replies[name] = reply
         record.requests.append(reply.request(name, server))
         if reply.cached_tokens is None and not self.settings.skip_hit_check:
@@ -159,21 +164,23 @@ class Runner:
         two = setup.nocache is not None
         recompute_client = setup.nocache if setup.nocache is not None else setup.cache
         turn1 = probe.turn1_messages()
-        first_answer: Optional[str] = None
+        turn2: List[Dict[str, Any]] = []
+        logprobs = False
         for run in (1, 2):
             plan = setup.cache.cache_plan(own_setting=two)
             t1 = self._ask(record, replies, f"cache-{run}/turn-1", "cache", setup.cache, turn1, plan.first)
-            if first_answer is None:
-                first_answer = t1.content
-            self._ask(record, replies, f"cache-{run}/turn-2", "cache", setup.cache,
-                      probe.turn2_messages(t1.content), plan.reuse)
-        assert first_answer is not None
-        turn2 = probe.turn2_messages(first_answer)
-        for run in (1, 2):
+            own_turn2 = probe.turn2_messages(t1.content)
+            if run == 1:
+                turn2 = own_turn2  # both recompute runs build on cache run 1's turn-1 answer
+            self._ask(record, replies, f"cache-{run}/turn-2", "cache", setup.cache, own_turn2, plan.reuse,
+                      logprobs)
             # two servers: the recompute path is sent as it is; one server: from scratch by its own control
             fields = {} if two else (recompute_client.scratch() or {})
             self._ask(record, replies, f"recompute-{run}/turn-2", "nocache" if two else "cache",
-                      recompute_client, turn2, fields)
+                      recompute_client, turn2, fields, logprobs)
+            # run 2 asks for the anatomy's logprobs only where run 1's two paths parted
+            logprobs = self.settings.logprobs and \
+                replies["cache-1/turn-2"].content != replies["recompute-1/turn-2"].content
 
     def _judge(self, setup: ServerSetup, record: ProbeRecord, replies: Dict[str, Reply]) -> None:
         s = self.settings
@@ -237,7 +244,8 @@ class Runner:
             record.outcome = Outcome.INCONCLUSIVE
             record.reason = "inconclusive: " + "; ".join(problems)
             return
-        cache, recompute = replies["cache-1/turn-2"], replies["recompute-1/turn-2"]
+        # run 2 repeats run 1 (checked above) and carries the logprobs where they were asked for
+        cache, recompute = replies["cache-2/turn-2"], replies["recompute-2/turn-2"]
         at = first_difference(cache.content, recompute.content)
         if at is None:
             record.outcome = Outcome.SAME

@@ -144,10 +144,28 @@ def test_llama_cpp_mode_builtin_probes(plugin_run, llama_servers, ftype):
     check_llama_cpp_run(run)
 
 
-def test_logprobs_change_neither_answers_nor_cache_use(plugin_run, llama_servers):
-    url = llama_servers("f32").url
-    with_lp = plugin_run(f"--cachecheck-url={url}")
+@pytest.mark.parametrize("ftype", ["f32", "q4_0"])
+def test_logprobs_change_neither_answers_nor_cache_use(plugin_run, llama_servers, ftype):
+    """Logprobs are asked for only on run 2's turn-2 requests of a probe whose run-1 paths parted; those
+    answers and cached-token counts equal run 1's (asked for none) on every such probe, and a run that asks
+    for none at all gives the same answers, counts and outcomes."""
+    url = llama_servers(ftype).url
+    with_lp = plugin_run(f"--cachecheck-url={url}", "--cachecheck-n=8")  # f32: houseplant-watering parts
     without = plugin_run(f"--cachecheck-url={url}", "--cachecheck-no-logprobs", "--cachecheck-n=8")
+    parted = 0
+    for probe in with_lp.data["probes"]:
+        steps = {r["step"]: r for r in probe["requests"]}
+        if steps["cache-1/turn-2"]["content"] == steps["recompute-1/turn-2"]["content"]:
+            continue
+        parted += 1  # run 2 asked for logprobs here
+        for path in ("cache", "recompute"):
+            one, two = steps[f"{path}-1/turn-2"], steps[f"{path}-2/turn-2"]
+            assert (two["content"], two["cached_tokens"]) == (one["content"], one["cached_tokens"]), \
+                (probe["id"], path)
+        assert probe["outcome"] == "different", probe["id"]
+        assert probe["divergence"]["cache_margin"] is not None, probe["id"]
+    assert parted == with_lp.data["summary"]["different"] > 0  # the claim above was put to the test
+    assert len(with_lp.data["probes"]) == len(without.data["probes"]) == 8
     for a, b in zip(with_lp.data["probes"], without.data["probes"]):
         assert a["id"] == b["id"]
         assert a["answers"] == b["answers"], a["id"]
@@ -165,7 +183,7 @@ def test_two_servers_mode(plugin_run, llama_servers):
     assert run.data["mode"] == "two-servers" and run.data["nocache_server"]["kind"] == "llama.cpp"
     for probe in run.data["probes"]:
         assert_hits_cover_turn1(probe)
-        assert [r["server"] for r in probe["requests"]][-2:] == ["nocache", "nocache"]
+        assert [r["server"] for r in probe["requests"]] == ["cache", "cache", "nocache"] * 2
 
 
 def test_both_caches_off_control(plugin_run, llama_servers):

@@ -58,7 +58,7 @@ def section(text: str, title: str) -> List[str]:
 
 # -- one fault per probe ------------------------------------------------------------------------------
 # (fault, the chat request it hits, words of the cause). Probe 2 (bike-chain) sends requests 7..12, in the
-# order cache-1/turn-1, cache-1/turn-2, cache-2/turn-1, cache-2/turn-2, recompute-1, recompute-2; the
+# order cache-1/turn-1, cache-1/turn-2, recompute-1, cache-2/turn-1, cache-2/turn-2, recompute-2; the
 # faults are spread over those steps.
 SETUP = 1  # chat requests before the first probe: the setup check of cached-token reporting (vLLM)
 FAULTS = [
@@ -171,7 +171,7 @@ def test_server_dies_mid_run_errors_quickly_and_reports_what_was_measured(pytest
         assert len(p["requests"]) == 6
         assert all(isinstance(a, str) and a for group in p["answers"].values() for a in group)
     third = probes[2]
-    assert [r["step"] for r in third["requests"]] == ["cache-1/turn-1", "cache-1/turn-2", "cache-2/turn-1"]
+    assert [r["step"] for r in third["requests"]] == ["cache-1/turn-1", "cache-1/turn-2", "recompute-1/turn-2"]
     assert third["answers"]["turn1"][0] and third["answers"]["cache"][0]
     for p in probes[2:]:
         assert "connection failed" in p["reason"]
