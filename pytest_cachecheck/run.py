@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .baseline import Baseline, compare, env_of, should_fail
 from .model import (Comparison, Outcome, ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally,
@@ -35,15 +35,16 @@ def max_rate_gate(t: Tally, max_rate: float) -> Gate:
     return False, f"divergence rate {rate:.1%} is within --cachecheck-max-rate {max_rate:g}"
 
 
-def judge(t: Tally, min_valid: float, interrupted: bool = False, gates: Optional[Sequence[Gate]] = None,
-          unreliable: Optional[str] = None) -> Verdict:
+def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
+          gates: Optional[Sequence[Gate]] = None, unreliable: Optional[str] = None) -> Verdict:
     """One target's verdict. ``gates`` (max rate, baseline policy), when given, decide about divergences in
     place of the default rule that any valid probe that differed fails. ``unreliable`` says why no
-    outcome can be trusted (it overrides everything)."""
+    outcome can be trusted (it overrides everything). ``interrupted`` may be the text saying how."""
     if unreliable:
         return Verdict(Status.UNRELIABLE, False, unreliable)
     if interrupted:
-        return Verdict(Status.INTERRUPTED, False, "the run was interrupted; the report holds what was measured")
+        return Verdict(Status.INTERRUPTED, False, interrupted if isinstance(interrupted, str) else
+                       "the run was interrupted; the report holds what was measured")
     if t.probes == 0:
         return Verdict(Status.NO_PROBES, True, "no probe ran")
     if gates:
@@ -186,9 +187,10 @@ class RunResult:
 
 def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str], targets: Sequence[TargetInput],
               records: Mapping[str, ProbeRecord], checks: Sequence[ProbeRecord], selected: Optional[Sequence[str]],
-              baselines: Mapping[Optional[str], Baseline], interrupted: bool) -> RunResult:
+              baselines: Mapping[Optional[str], Baseline], interrupted: Union[bool, str]) -> RunResult:
     """The verdict of every target and of the session. ``records`` are keyed by ``record_key``;
-    ``selected`` holds the record keys of the probe items selected to run (None: all)."""
+    ``selected`` holds the record keys of the probe items selected to run (None: all); ``interrupted``
+    may be the text of the verdict saying how the run was interrupted."""
     chosen = set(selected) if selected is not None else None
     results = []
     for target in targets:
