@@ -18,6 +18,7 @@ import pytest
 from . import _collect, _items
 from .errors import ConfigError, RequestError
 from .episodes import Episode
+from .interrupts import Interrupts
 from .model import EpisodeRecord, Outcome, ProbeRecord, record_key
 from .probes import Probe, parse_probe
 from .redact import display_url
@@ -34,8 +35,9 @@ class _State:
     """The session and, under pytest-xdist, the placement of its tests."""
 
     def __init__(self, session: CheckSession, controller_of_workers: bool,
-                 placement: Optional[_collect.Placement]) -> None:
+                 placement: Optional[_collect.Placement], interrupts: Interrupts) -> None:
         self.session = session
+        self.interrupts = interrupts
         #: an xdist controller: its workers probe, so it sends no request that generates
         self.controller_of_workers = controller_of_workers
         self.placement = placement
@@ -79,16 +81,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cachecheck: a prompt-cache divergence probe (pytest-cachecheck)")
     config.stash[STATE] = None
     workerinput: Dict[str, Any] = getattr(config, "workerinput", {})
+    probes = _probes_from(workerinput.get("cachecheck_probes"))  # a worker's, from its controller
+    different = _different_from(workerinput.get("cachecheck_baseline_different"))
+    episodes = _episodes_from(workerinput.get("cachecheck_episodes"))
     try:
-        raw = lookup(lambda n: config.getoption("cachecheck_" + n),
-                     lambda n: config.getini("cachecheck_" + n), os.environ)
+        raw = lookup(lambda n: config.getoption("cachecheck_" + n), lambda n: _ini(config, "cachecheck_" + n),
+                     os.environ)
         if not _is_worker(config) and (raw.get("url") or raw.get("target") or raw.get("serve")):
             _collect.check_dist(getattr(config.option, "dist", "no"))
         session = open_session(raw, Path(config.invocation_params.dir),
                                served_url=workerinput.get("cachecheck_served_url"),
+                               probes=probes, baseline_different=different, episodes=episodes,
                                start_server=None if _is_worker(config) else _start_served,
                                own_replica=lambda s: _collect.own_replica(
-                                   s, _collect.worker_id(config), getattr(config.option, "numprocesses", None)))
+                                   s, _collect.worker_id(config), getattr(config.option, "numprocesses", None)
+                               ), other_outputs={"--junitxml": _junitxml(config)})
     except ConfigError as exc:
         raise pytest.UsageError(f"cachecheck: {exc}") from None
     if session is None:
@@ -102,9 +109,75 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = workerinput.get("cachecheck_placement")
         placement = (_collect.Placement(folder, first, replicas) if folder
                      else _collect.new_placement(first, replicas) if controller else None)
-    config.stash[STATE] = _State(session, controller, placement)
+    # SIGTERM ends the run as Ctrl-C does; the process that writes the report also guards it from a second
+    interrupts = Interrupts(hold_after_first=not _is_worker(config))
+    interrupts.install(sigint=not _is_worker(config))
+    config.stash[STATE] = _State(session, controller, placement, interrupts)
     if not _is_worker(config):
-        config.pluginmanager.register(Reporter(config, session), "cachecheck-reporter")
+        config.pluginmanager.register(Reporter(config, session, interrupts), "cachecheck-reporter")
+
+
+def _ini(config: pytest.Config, name: str) -> Any:
+    """An ini value. pytest 9's native TOML table keeps TOML's types, and getini refuses a number, a bool or
+    a list for an option declared as a string: those are read from the file as TOML typed them, and the
+    plugin validates them as it validates strings."""
+    try:
+        return config.getini(name)
+    except (TypeError, pytest.UsageError) as exc:  # pytest 9.0 raises the first, later ones the second
+        table = _native_table(config.inipath)
+        if not isinstance(table, dict) or name not in table:
+            raise ConfigError(f"ini {name}: {exc}") from None
+        return table[name]
+
+
+def _native_table(path: Optional[Path]) -> Any:
+    """``[tool.pytest]`` of a pyproject.toml, ``[pytest]`` of a pytest.toml; None when there is none."""
+    if path is None or path.suffix != ".toml":
+        return None
+    try:
+        try:
+            import tomllib
+        except ImportError:  # Python < 3.11, where pytest itself reads TOML with tomli
+            import tomli as tomllib  # type: ignore[no-redef]
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (ImportError, OSError, ValueError):
+        return None
+    table = data.get("tool", {}).get("pytest") if path.name == "pyproject.toml" else data.get("pytest")
+    return table if isinstance(table, dict) else None
+
+
+def _probes_from(given: Optional[List[Any]]) -> Optional[List[Probe]]:
+    """The probes a worker got from its controller (pytest_configure_node); None on the controller."""
+    if given is None:
+        return None
+    return [Probe(pid, tuple(tuple(m) for m in messages), followup, source)
+            for pid, messages, followup, source in given]
+
+
+def _different_from(given: Optional[List[Any]]) -> Optional[Dict[str, Dict[str, str]]]:
+    return None if given is None else {key: dict(different) for key, different in given}
+
+
+def _episodes_from(given: Optional[List[Any]]) -> Optional[List[Episode]]:
+    """The episodes a worker got from its controller; None on the controller."""
+    if given is None:
+        return None
+    from .episodes import parse_episode
+
+    out = []
+    for source, obj in given:
+        path, _, line = str(source).rpartition(":")
+        out.append(parse_episode(obj, path=path, line=int(line) if line.isdigit() else 0, default_id=obj["id"]))
+    return out
+
+
+def _junitxml(config: pytest.Config) -> Optional[str]:
+    """The --junitxml file as pytest's junitxml plugin resolves it (from the invocation folder)."""
+    path = getattr(config.option, "xmlpath", None)
+    if not path:
+        return None
+    return str(Path(config.invocation_params.dir) / os.path.expanduser(os.path.expandvars(path)))
 
 
 def _start_served(model: str, server_args: Optional[str]) -> Served:
@@ -125,6 +198,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
     if state is None:
         return
+    state.interrupts.restore()
     if state.session.served is not None:
         state.session.served.server.stop()
         state.session.served = None
@@ -140,6 +214,15 @@ def pytest_configure_node(node: Any) -> None:
             node.workerinput["cachecheck_placement"] = state.placement.folder
         if state.session.served is not None:
             node.workerinput["cachecheck_served_url"] = state.session.served.server.url
+        # the probes as the controller read them: a worker may not be able to read the files again (a pipe
+        # such as <(cat f) is the controller's and drained, a FIFO would block), nor see the same content
+        node.workerinput["cachecheck_probes"] = [[p.id, [list(m) for m in p.messages], p.followup, p.source]
+                                                 for p in state.session.probes]
+        cs = state.session
+        node.workerinput["cachecheck_baseline_different"] = [
+            [f"{kind}@{t}", cs.baseline_different(t, episodes=kind == "episode")]
+            for t in cs.targets for kind in ("probe", "episode")]
+        node.workerinput["cachecheck_episodes"] = [[e.source, e.to_json()] for e in cs.episodes]
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -159,7 +242,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     state = session.config.stash.get(STATE, None)
     if state is None or _is_worker(session.config) or session.config.option.collectonly:
         return
+    reporter = session.config.pluginmanager.getplugin("cachecheck-reporter")
+    reporter.stage = "while the server was being detected"  # the verdict of a run interrupted here
     state.setup_errors = state.session.prepare(send=not state.controller_of_workers)
+    reporter.stage = None
 
 
 def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:

@@ -35,18 +35,20 @@ def max_rate_gate(t: Tally, max_rate: float, what: str = "divergence rate", unit
     return False, f"{what} {rate:.1%} is within --cachecheck-max-rate {max_rate:g}"
 
 
-def judge(t: Tally, min_valid: float, interrupted: bool = False, gates: Optional[Sequence[Gate]] = None,
-          unreliable: Optional[str] = None, episodes: Optional[Tally] = None) -> Verdict:
+def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
+          gates: Optional[Sequence[Gate]] = None, unreliable: Optional[str] = None,
+          episodes: Optional[Tally] = None) -> Verdict:
     """One target's verdict over its probes (and episodes). ``gates`` (max rate, baseline policy), when
     given, decide about divergences in place of the default rule that any valid probe that differed (or
     episode whose trajectory changed) fails. ``unreliable`` says why no outcome can be trusted (it
-    overrides everything)."""
+    overrides everything). ``interrupted`` may be the text saying how."""
     total = t + episodes if episodes is not None else t
     items = "probes" if episodes is None else "probes and episodes"
     if unreliable:
         return Verdict(Status.UNRELIABLE, False, unreliable)
     if interrupted:
-        return Verdict(Status.INTERRUPTED, False, "the run was interrupted; the report holds what was measured")
+        return Verdict(Status.INTERRUPTED, False, interrupted if isinstance(interrupted, str) else
+                       "the run was interrupted; the report holds what was measured")
     if total.probes == 0:
         return Verdict(Status.NO_PROBES, True, "no probe ran")
     if gates:
@@ -229,10 +231,11 @@ class RunResult:
 
 def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str], targets: Sequence[TargetInput],
               records: Mapping[str, ProbeRecord], checks: Sequence[ProbeRecord], selected: Optional[Sequence[str]],
-              baselines: Mapping[Optional[str], Baseline], interrupted: bool,
+              baselines: Mapping[Optional[str], Baseline], interrupted: Union[bool, str],
               episodes: Optional[EpisodeInput] = None, episode_checks: Sequence[EpisodeRecord] = ()) -> RunResult:
     """The verdict of every target and of the session. ``records`` are keyed by ``record_key``;
-    ``selected`` holds the record keys of the probe items selected to run (None: all)."""
+    ``selected`` holds the record keys of the probe items selected to run (None: all); ``interrupted``
+    may be the text of the verdict saying how the run was interrupted."""
     chosen = set(selected) if selected is not None else None
     chosen_episodes = set(episodes.selected) if episodes is not None and episodes.selected is not None else None
     results = []

@@ -15,7 +15,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
 from .redact import MIN_SECRET, ambiguous_url, display_url, split_credentials
@@ -135,6 +135,7 @@ class Settings:
     max_rate: Optional[float] = None
     logprobs: bool = True
     hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
+    notes: Tuple[str, ...] = ()  # what the plugin made of the values given, for the header
 
     def __repr__(self) -> str:
         """Like the generated one, with every URL as :func:`display_url` shows it and no key (a traceback
@@ -229,7 +230,37 @@ def _url(name: str, value: str) -> str:
     problem = _url_problem(value.strip())
     if problem:
         raise _bad(name, value, problem)
-    return value.strip().rstrip("/")
+    return _without_v1(value.strip().rstrip("/"))
+
+
+def _without_v1(url: str) -> str:
+    """The server's root for an OpenAI client's base URL (``http://host:8000/v1``): the plugin asks for
+    ``/v1/chat/completions`` (and root endpoints such as ``/metrics``) itself."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if not path.endswith("/v1"):
+        return url
+    return urlunsplit(parts._replace(path=path[:-3])).rstrip("/")
+
+
+def _v1_notes(raw: Mapping[str, Any], targets: Sequence[Tuple[str, str]]) -> Tuple[str, ...]:
+    """A note for each URL given with /v1 at its end, which the plugin took off."""
+    urls = raw.get("url") or []
+    given = [("--cachecheck-url", str(u).strip()) for u in (urls.split() if isinstance(urls, str) else urls)]
+    if raw.get("nocache_url"):
+        given.append(("--cachecheck-nocache-url", str(raw["nocache_url"]).strip()))
+    if targets:
+        entries = raw["target"].split() if isinstance(raw["target"], str) else [str(v) for v in raw["target"]]
+        given = [(f"--cachecheck-target {e.strip().partition('=')[0]}=", e.strip().partition("=")[2].strip())
+                 for e in entries]
+    notes = []
+    for flag, url in given:
+        root = _without_v1(url.rstrip("/"))
+        if root != url.rstrip("/"):
+            sep = "" if flag.endswith("=") else " "
+            notes.append(f"{flag}{sep}{display_url(url)} ends in /v1 (an OpenAI client's base URL); the "
+                         f"plugin uses the server's root {display_url(root)} and asks for /v1/... itself")
+    return tuple(notes)
 
 
 def _api_key(value: Any) -> Optional[str]:
@@ -318,7 +349,7 @@ def lookup(cli: Getter, ini: Getter, env: Mapping[str, str]) -> Dict[str, Any]:
             value = ini(spec.name)
             if isinstance(value, str) and value.strip() == "":
                 value = None
-            if value in ([], False):
+            if value is False or value == []:  # not `in`: a TOML 0 equals False
                 value = None
         if value is None and spec.env:
             value = env.get(spec.env) or None
@@ -426,6 +457,7 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         baseline = str(bpath if bpath.is_absolute() else base_dir / bpath)
     html = raw.get("html")
     return Settings(
+        notes=_v1_notes(raw, targets),
         html=_writable_report(str(html), base_dir, "html") if html else None,
         baseline=baseline or None,
         fail_on=fail_on,
@@ -474,7 +506,7 @@ def _targets(value: Any) -> Tuple[Tuple[str, str], ...]:
         problem = _url_problem(url.strip())
         if problem:
             raise _bad("target", entry, f"NAME=URL with {problem}")
-        url = url.strip().rstrip("/")
+        url = _without_v1(url.strip().rstrip("/"))
         if any(n == name for n, _ in out):
             raise _bad("target", entry, f"a different name for each target ({name!r} is given twice)")
         if any(u == url for _, u in out):
@@ -512,3 +544,31 @@ def reproduce_args(settings: Settings) -> Sequence[str]:
     if not settings.logprobs:
         args.append("--cachecheck-no-logprobs")
     return args
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links
+    except OSError:
+        return False
+
+
+def check_outputs(settings: Settings, others: Mapping[str, Optional[str]]) -> None:
+    """Refuse an output file that is also an input, or another output (``others``: other plugins' outputs
+    by option, e.g. ``--junitxml``), comparing real paths with symlinks resolved. Raises ConfigError."""
+
+    def name(key: str) -> str:
+        return f"{SPECS[key].flag} (ini {SPECS[key].ini})" if key in SPECS else key
+
+    outputs = [("report", settings.report), ("html", settings.html)] + list(others.items())
+    inputs = [("probes", p) for p in settings.probe_files] + [("baseline", settings.baseline)]
+    inputs += [("episodes", p) for p in settings.episode_files if p != "builtin"]
+    for i, (output, path) in enumerate(outputs):
+        for other, other_path in outputs[i + 1:] + inputs:
+            if path and other_path and _same_file(path, other_path):
+                what = ("the output would overwrite the input" if (other, other_path) in inputs
+                        else "one output would overwrite the other")
+                raise ConfigError(f"{name(output)} and {name(other)} name the same file ({path}): {what}; "
+                                  f"give each output a file of its own")

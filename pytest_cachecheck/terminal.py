@@ -30,6 +30,8 @@ class Sep:
 
 
 Out = Union[Line, Sep]
+#: the most rows of a comparison table printed (the JSON report and the HTML page hold every row)
+TABLE_ROWS = 50
 
 
 def divergence_line(t: Tally) -> str:
@@ -49,7 +51,7 @@ def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[
     """The plugin's lines in pytest's header: servers, the setup of each, the probes, how to reproduce.
     ``setup_errors``: target -> why its setup is not usable; a target missing from it was not contacted."""
     s = session.settings
-    lines = []
+    lines = [f"cachecheck: note: {note}" for note in s.notes]
     if len(s.replicas) > 1:
         lines.append(f"cachecheck: {len(s.replicas)} servers given: with -n N each xdist worker owns one; "
                      f"without -n only the first is used")
@@ -90,10 +92,12 @@ def setup_line(label: str, configured_mode: str, setup: Optional[Any], error: Op
 
 # -- the summary --------------------------------------------------------------------------------------------
 def comparison_lines(c: Comparison, verbose: bool = False) -> List[str]:
-    """A table (id, before, after, status), most important first, then the verdict, the rates and the
-    environment notes and warnings. Unless ``verbose``, "still same" rows are folded into one line."""
-    shown = [r for r in c.rows if verbose or r.status != STILL_SAME]
-    folded = len(c.rows) - len(shown)
+    """A table (id, before, after, status), most important first and at most TABLE_ROWS rows, then the
+    verdict, the rates and the environment notes and warnings. Unless ``verbose``, "still same" rows are
+    folded into one line."""
+    listed = [r for r in c.rows if verbose or r.status != STILL_SAME]
+    folded = len(c.rows) - len(listed)
+    shown = listed[:TABLE_ROWS]
     title = "comparison with the baseline"
     if c.baseline_created:
         title += f" of {c.baseline_created}"
@@ -107,6 +111,8 @@ def comparison_lines(c: Comparison, verbose: bool = False) -> List[str]:
             ident = r.id if len(r.id) <= w_id else r.id[:w_id - 3] + "..."
             before, after = r.before or "-", r.after or "-"
             out.append(f"  {ident:<{w_id}}  {before:<{w_b}}  {after:<{w_a}}  {r.status}")
+        if len(listed) > len(shown):
+            out.append(f"  ... and {len(listed) - len(shown)} more (see the JSON report)")
     if folded:
         out.append(f"  ({folded} probe(s) still same" + ("" if verbose else "; -v lists them") + ")")
     if not c.rows:
@@ -255,10 +261,11 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
                 out.append(Line(rate))
         out += _target_lines(t, "", baseline_path, verbose)
         out += _episode_lines(t, "", baseline_path, verbose)
-    if total:
+    if total or not verdict.ok:  # an interrupted run says so even before its first probe
         word = "PASS" if verdict.ok else "FAIL"
         out.append(Line(f"cachecheck verdict: {word} ({verdict.status}): {verdict.why}",
                         {"green": verdict.ok, "red": not verdict.ok}))
+    if total:
         out.append(Sep("-", "cachecheck result (to share: no URL, key or conversation text)"))
         for t in report.targets:
             prefix = f"[{t.name}] " if report.matrix else ""

@@ -440,11 +440,7 @@ class EmulatorConfig:
 
     @property
     def served_models(self) -> List[str]:
-        names = [self.model]
-        for name in self.models or []:
-            if name not in names:
-                names.append(name)
-        return names
+        return list(dict.fromkeys([self.model, *(self.models or [])]))  # in order, once each
 
 
 def _parse_fault(kind: str) -> Tuple[str, float]:
