@@ -466,9 +466,9 @@ def test_conversation_text_reaches_the_server_exactly(pytester, emulator):
     for i, conv in enumerate(CONVERSATIONS):
         sent = [r["messages"] for r in log[6 * i: 6 * i + 6]]
         turn1 = _turn1(conv)
-        for k in (0, 2):  # the two turn-1 requests
+        for k in (0, 3):  # the two turn-1 requests (sent first in each run)
             assert sent[k] == turn1, conv["id"]
-        for k in (1, 3, 4, 5):  # the four turn-2 requests
+        for k in (1, 2, 4, 5):  # the four turn-2 requests
             assert sent[k][:len(turn1)] == turn1, conv["id"]
             assert sent[k][len(turn1)]["role"] == "assistant"
             assert sent[k][len(turn1) + 1:] == [{"role": "user", "content": _turn2(conv)}], conv["id"]
