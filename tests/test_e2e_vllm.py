@@ -209,7 +209,7 @@ def test_two_servers_mode(plugin_run, vllm_servers):
     assert run.data["mode"] == "two-servers"
     assert run.data["nocache_server"]["details"] == {"block_size": BLOCK, "enable_prefix_caching": False}
     for probe in run.data["probes"]:
-        assert [r["server"] for r in probe["requests"]] == ["cache"] * 4 + ["nocache"] * 2
+        assert [r["server"] for r in probe["requests"]] == ["cache", "cache", "nocache"] * 2  # cache-1, recompute-1, cache-2, recompute-2
 
 
 def test_both_caches_off_control(plugin_run, vllm_servers):
