@@ -8,10 +8,11 @@ probe module and the xdist placement. State lives on ``config.stash``.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import pytest
 
@@ -22,7 +23,7 @@ from .probes import Probe, parse_probe
 from .redact import display_url
 from .reporter import CHECK_RECORD, RECORD, Reporter
 from .session import CheckSession, open_session
-from .settings import OPTIONS, Settings, lookup
+from .settings import OPTIONS, Settings, ini_paths, lookup
 
 if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
     from .protocol import Runner
@@ -51,7 +52,26 @@ def _session(config: pytest.Config) -> Optional[CheckSession]:
 
 
 # -- options and the session ------------------------------------------------------------------------
+def server_args_mistake(argv: Sequence[str]) -> Optional[str]:
+    """The usage error for ``--cachecheck-server-args "-c 8192"``: a separate value starting with '-' reads
+    as an option of pytest's own (``-c`` its config file, ``-n`` xdist's), and argparse fails before any
+    hook of the plugin runs, so the command line is read here, as the plugin registers its options."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--cachecheck-server-args" and value.startswith("-"):
+            return (f"cachecheck: --cachecheck-server-args: the value {value!r} starts with '-', so pytest "
+                    f"reads it as an option of its own; write it with '=': "
+                    f"--cachecheck-server-args={shlex.quote(value)}")
+    return None
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
+    try:
+        argv = shlex.split(os.environ.get("PYTEST_ADDOPTS", "")) + sys.argv[1:]
+    except ValueError:
+        argv = sys.argv[1:]
+    mistake = server_args_mistake(argv)
+    if mistake:
+        raise pytest.UsageError(mistake)
     group = parser.getgroup("cachecheck", "prompt-cache divergence (pytest-cachecheck)")
     for spec in OPTIONS:
         dest = "cachecheck_" + spec.name
@@ -78,9 +98,11 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cachecheck: a prompt-cache divergence probe (pytest-cachecheck)")
     config.stash[STATE] = None
     workerinput: Dict[str, Any] = getattr(config, "workerinput", {})
+    # ini paths are relative to the ini file's folder, as pytest's own (else to the invocation folder)
+    ini_base = config.inipath.parent if config.inipath is not None else Path(config.invocation_params.dir)
     try:
         raw = lookup(lambda n: config.getoption("cachecheck_" + n),
-                     lambda n: config.getini("cachecheck_" + n), os.environ)
+                     lambda n: ini_paths(n, config.getini("cachecheck_" + n), ini_base), os.environ)
         if not _is_worker(config) and (raw.get("url") or raw.get("target") or raw.get("serve")):
             _collect.check_dist(getattr(config.option, "dist", "no"))
         session = open_session(raw, Path(config.invocation_params.dir),
@@ -103,7 +125,7 @@ def pytest_configure(config: pytest.Config) -> None:
                      else _collect.new_placement(first, replicas) if controller else None)
     config.stash[STATE] = _State(session, controller, placement)
     if not _is_worker(config):
-        config.pluginmanager.register(Reporter(config, session), "cachecheck-reporter")
+        config.pluginmanager.register(Reporter(config, session, controller), "cachecheck-reporter")
 
 
 def _start_served(model: str, server_args: Optional[str]) -> Served:
@@ -158,7 +180,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     state = session.config.stash.get(STATE, None)
     if state is None or _is_worker(session.config) or session.config.option.collectonly:
         return
-    state.setup_errors = state.session.prepare(send=not state.controller_of_workers)
+    try:
+        state.setup_errors = state.session.prepare(send=not state.controller_of_workers)
+    except ConfigError as exc:  # a model the server does not serve: before any probe request, and any worker
+        raise pytest.UsageError(f"cachecheck: {state.session.redactor.scrub(str(exc))}") from None
 
 
 def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
@@ -251,6 +276,8 @@ def cachecheck_expected_divergence(request: pytest.FixtureRequest, cachecheck_ta
     gated = state.session.settings.gated
 
     def expected(record: ProbeRecord) -> Optional[str]:
+        if state.session.settings.record:
+            return "diverged; recorded as the baseline (--cachecheck-record)"
         if before.get(record.id) == record.fingerprint:
             return "also differed in the baseline"
         if gated:

@@ -1,17 +1,21 @@
 """The controller's reporter: collects the probe records (also from xdist workers), then gives the session
 its verdict, writes the JSON report and the HTML page, and prints the summary. Registered only when the
 plugin is on, and only on the controller.
+
+The verdict is also a test item, ``cachecheck::gate``, added after the last selected probe: without xdist
+it runs last in the ordinary loop; under xdist the controller runs it after every worker has finished
+(the workers never see it), so it always judges every probe.
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Generator, List, Optional, Tuple
 
 import pytest
 
-from . import _collect, terminal
+from . import _collect, _items, terminal
 from .files import write_report
-from .model import ProbeRecord, RunReport, record_key
+from .model import ProbeRecord, RunReport, Verdict, record_key
 from .probes import Probe
 from .run import RunResult, summarise
 from .session import CheckSession
@@ -22,10 +26,19 @@ CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check()
 TERMINAL_LINE = 4000  # the longest summary line printed
 
 
+def _probe_key(item: pytest.Item) -> Optional[str]:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and isinstance(callspec.params.get("cachecheck_probe"), Probe):
+        return record_key(callspec.params["cachecheck_probe"].id, _collect.item_target(item))
+    return None
+
+
 class Reporter:
-    def __init__(self, config: pytest.Config, session: CheckSession) -> None:
+    def __init__(self, config: pytest.Config, session: CheckSession,
+                 controller_of_workers: bool = False) -> None:
         self.config = config
         self.session = session
+        self.controller_of_workers = controller_of_workers  # under xdist: the workers run the probes
         self.records: Dict[str, ProbeRecord] = {}  # by record key
         self.checks: List[ProbeRecord] = []
         self.selected: Optional[List[str]] = None  # record keys of the items selected to run
@@ -33,13 +46,42 @@ class Reporter:
         self.result: Optional[RunResult] = None
         self.report: Optional[RunReport] = None
 
+    # -- the gate item ------------------------------------------------------------------------------------
+    def gate_verdict(self) -> Tuple[List[str], Verdict]:
+        """The selected probes without a result yet, and the session verdict on the results so far."""
+        s = self.session
+        missing = [k for k in self.selected or [] if k not in self.records]
+        verdict = summarise(s.settings, s.probe_set, [p.id for p in s.probes], s.target_inputs(),
+                            self.records, self.checks, self.selected, s.baselines, False).verdict
+        return missing, Verdict(verdict.status, verdict.ok, s.redactor.scrub(verdict.why))
+
+    def _gate(self, parent: Any, **kwargs: Any) -> _items.GateItem:
+        return _items.GateItem.from_parent(parent, name=_items.GATE, verdict=self.gate_verdict, **kwargs)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, items: List[pytest.Item]) -> None:
+        """Without xdist: the gate goes after the items selected (-k, -m, ...) when a probe is among them."""
+        probes = [i for i in items if _probe_key(i) is not None]
+        if self.controller_of_workers or not probes:
+            return
+        gate = self._gate(probes[0].parent)
+        items.append(gate)
+        report = pytest.CollectReport(_collect.MODULE, "passed", None, [gate])
+        self.config.hook.pytest_collectreport(report=report)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, None]:
+        """Under xdist: the gate, on the controller, once every worker has finished."""
+        outcome = yield
+        if (not self.controller_of_workers or not self.selected or outcome.excinfo is not None
+                or session.shouldfail or session.shouldstop or self.config.option.collectonly):
+            return
+        gate = self._gate(session, nodeid=f"{_collect.MODULE}::{_items.GATE}")
+        session.testscollected += 1
+        gate.ihook.pytest_runtest_protocol(item=gate, nextitem=None)
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        keys = []
-        for item in session.items:
-            callspec = getattr(item, "callspec", None)
-            if callspec is not None and isinstance(callspec.params.get("cachecheck_probe"), Probe):
-                keys.append(record_key(callspec.params["cachecheck_probe"].id, _collect.item_target(item)))
-        self.selected = keys
+        self.selected = [k for k in map(_probe_key, session.items) if k is not None]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: List[str]) -> None:

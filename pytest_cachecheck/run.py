@@ -16,6 +16,7 @@ from .model import (Comparison, Outcome, ProbeRecord, ProbeSet, RunReport, Setup
                     TargetReport, Verdict, record_key)
 from .redact import display_url
 from .settings import Settings
+from .text import counted
 
 Gate = Tuple[bool, str]  # (fails?, why)
 
@@ -35,11 +36,17 @@ def max_rate_gate(t: Tally, max_rate: float) -> Gate:
     return False, f"divergence rate {rate:.1%} is within --cachecheck-max-rate {max_rate:g}"
 
 
+def record_gate(t: Tally) -> Gate:
+    """--cachecheck-record: divergences are what a baseline records, never a failure."""
+    return False, (f"baseline recorded: {t.different} of {counted(t.valid, 'valid probe')} differed "
+                   f"(expected when recording; later runs compare with it through --cachecheck-baseline)")
+
+
 def judge(t: Tally, min_valid: float, interrupted: bool = False, gates: Optional[Sequence[Gate]] = None,
           unreliable: Optional[str] = None) -> Verdict:
-    """One target's verdict. ``gates`` (max rate, baseline policy), when given, decide about divergences in
-    place of the default rule that any valid probe that differed fails. ``unreliable`` says why no
-    outcome can be trusted (it overrides everything)."""
+    """One target's verdict. ``gates`` (max rate, baseline policy, recording), when given, decide about
+    divergences in place of the default rule that any valid probe that differed fails. ``unreliable`` says
+    why no outcome can be trusted (it overrides everything). A run without a valid probe never passes."""
     if unreliable:
         return Verdict(Status.UNRELIABLE, False, unreliable)
     if interrupted:
@@ -51,9 +58,14 @@ def judge(t: Tally, min_valid: float, interrupted: bool = False, gates: Optional
         if failing:
             return Verdict(Status.GATE_FAILED, False, "; ".join(failing))
     elif t.different:
-        return Verdict(Status.DIVERGED, False, f"{t.different} valid probe(s) gave a different turn-2 answer")
+        return Verdict(Status.DIVERGED, False,
+                       f"{counted(t.different, 'valid probe')} gave a different turn-2 answer")
     if t.errors:
-        return Verdict(Status.ERRORS, False, f"{t.errors} probe(s) failed with a request or server error")
+        return Verdict(Status.ERRORS, False,
+                       f"{counted(t.errors, 'probe')} failed with a request or server error")
+    if t.valid == 0:
+        return Verdict(Status.TOO_FEW_VALID, False, f"no probe was valid (of {counted(t.probes, 'probe')}), "
+                                                    f"so nothing was measured; see the inconclusive reasons")
     if t.valid < min_valid * t.probes:
         return Verdict(Status.TOO_FEW_VALID, False,
                        f"only {t.valid} of {t.probes} probes were valid, fewer than --cachecheck-min-valid "
@@ -201,6 +213,8 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
         gates: List[Gate] = []
         if settings.max_rate is not None:
             gates.append(max_rate_gate(tally, settings.max_rate))
+        if settings.record:
+            gates.append(record_gate(tally))
         comparison = None
         baseline = baselines.get(target.name)
         if baseline is not None and (mine or target.name is None):  # a deselected matrix target compares nothing
