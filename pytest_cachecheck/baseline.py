@@ -59,7 +59,7 @@ from .model import (CONVERSATION_CHANGED, HEALED, NEW_PROBE, NEWLY_DIVERGED, NEW
                     NOT_RUN, STATUSES, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME, Comparison, EpisodeRecord,
                     Outcome, ProbeRecord, ProbeSet, Rate, ReportError, Row, RunReport, Setup)
 from .stats import mcnemar_exact
-from .text import printable
+from .text import counted, printable
 
 _RANK = {s: i for i, s in enumerate(STATUSES)}
 POLICIES: Tuple[str, ...] = ("new-divergence", "rate-increase", "never")
@@ -308,7 +308,7 @@ def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[
     b, c = counts[NEWLY_DIVERGED], counts[HEALED]
     newly_inconclusive = counts[NEWLY_INCONCLUSIVE]
     p = mcnemar_exact(b, c)
-    tally = f"{b} newly diverged vs {c} healed over {valid_in_both} probe(s) valid in both runs"
+    tally = f"{b} newly diverged vs {c} healed over {counted(valid_in_both, 'probe')} valid in both runs"
     if paired == 0:
         verdict, why = "inconclusive", "no probe was measured in both runs with the same conversation"
     elif 2 * valid_in_both < paired:
@@ -321,8 +321,9 @@ def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[
     elif newly_inconclusive == 0:
         verdict, why = "unchanged", tally
     else:
-        verdict, why = "inconclusive", (f"{tally}, but {newly_inconclusive} probe(s) valid in the baseline "
-                                        f"are not valid now and could tip it")
+        verb = "is" if newly_inconclusive == 1 else "are"
+        verdict, why = "inconclusive", (f"{tally}, but {counted(newly_inconclusive, 'probe')} valid in the "
+                                        f"baseline {verb} not valid now and could tip it")
     return Comparison(rows=rows, counts=counts, verdict=verdict, why=why, mcnemar_p=p, paired=paired,
                       valid_in_both=valid_in_both, env_warnings=env_changes(baseline.env, current_env),
                       baseline_rate=Rate.of(list(before.values())), current_rate=Rate.of(list(after.values())),
@@ -348,7 +349,7 @@ def should_fail(comparison: Comparison, policy: str = DEFAULT_POLICY, unit: str 
         ids = comparison.newly_diverged()
         if ids:
             shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-            return True, f"{len(ids)} {unit}(s) {diverged} against the baseline: {shown}"
+            return True, f"{counted(len(ids), unit)} {diverged} against the baseline: {shown}"
         return False, f"no {unit} {diverged} against the baseline"
     if policy == "rate-increase":
         base, cur = comparison.baseline_rate, comparison.current_rate

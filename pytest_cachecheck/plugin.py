@@ -8,10 +8,11 @@ probe module and the xdist placement. State lives on ``config.stash``.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
 import pytest
 
@@ -24,7 +25,7 @@ from .probes import Probe, parse_probe
 from .redact import display_url
 from .reporter import CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD, Reporter
 from .session import CheckSession, open_session
-from .settings import OPTIONS, Settings, lookup
+from .settings import OPTIONS, Settings, ini_paths, lookup
 
 if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
     from .protocol import Runner
@@ -54,7 +55,26 @@ def _session(config: pytest.Config) -> Optional[CheckSession]:
 
 
 # -- options and the session ------------------------------------------------------------------------
+def server_args_mistake(argv: Sequence[str]) -> Optional[str]:
+    """The usage error for ``--cachecheck-server-args "-c 8192"``: a separate value starting with '-' reads
+    as an option of pytest's own (``-c`` its config file, ``-n`` xdist's), and argparse fails before any
+    hook of the plugin runs, so the command line is read here, as the plugin registers its options."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--cachecheck-server-args" and value.startswith("-"):
+            return (f"cachecheck: --cachecheck-server-args: the value {value!r} starts with '-', so pytest "
+                    f"reads it as an option of its own; write it with '=': "
+                    f"--cachecheck-server-args={shlex.quote(value)}")
+    return None
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
+    try:
+        argv = shlex.split(os.environ.get("PYTEST_ADDOPTS", "")) + sys.argv[1:]
+    except ValueError:
+        argv = sys.argv[1:]
+    mistake = server_args_mistake(argv)
+    if mistake:
+        raise pytest.UsageError(mistake)
     group = parser.getgroup("cachecheck", "prompt-cache divergence (pytest-cachecheck)")
     for spec in OPTIONS:
         dest = "cachecheck_" + spec.name
@@ -84,9 +104,11 @@ def pytest_configure(config: pytest.Config) -> None:
     probes = _probes_from(workerinput.get("cachecheck_probes"))  # a worker's, from its controller
     different = _different_from(workerinput.get("cachecheck_baseline_different"))
     episodes = _episodes_from(workerinput.get("cachecheck_episodes"))
+    # ini paths are relative to the ini file's folder, as pytest's own (else to the invocation folder)
+    ini_base = config.inipath.parent if config.inipath is not None else Path(config.invocation_params.dir)
     try:
-        raw = lookup(lambda n: config.getoption("cachecheck_" + n), lambda n: _ini(config, "cachecheck_" + n),
-                     os.environ)
+        raw = lookup(lambda n: config.getoption("cachecheck_" + n),
+                     lambda n: ini_paths(n, _ini(config, "cachecheck_" + n), ini_base), os.environ)
         if not _is_worker(config) and (raw.get("url") or raw.get("target") or raw.get("serve")):
             _collect.check_dist(getattr(config.option, "dist", "no"))
         session = open_session(raw, Path(config.invocation_params.dir),
@@ -114,7 +136,7 @@ def pytest_configure(config: pytest.Config) -> None:
     interrupts.install(sigint=not _is_worker(config))
     config.stash[STATE] = _State(session, controller, placement, interrupts)
     if not _is_worker(config):
-        config.pluginmanager.register(Reporter(config, session, interrupts), "cachecheck-reporter")
+        config.pluginmanager.register(Reporter(config, session, interrupts, controller), "cachecheck-reporter")
 
 
 def _ini(config: pytest.Config, name: str) -> Any:
@@ -244,8 +266,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         return
     reporter = session.config.pluginmanager.getplugin("cachecheck-reporter")
     reporter.stage = "while the server was being detected"  # the verdict of a run interrupted here
-    state.setup_errors = state.session.prepare(send=not state.controller_of_workers)
-    reporter.stage = None
+    try:
+        state.setup_errors = state.session.prepare(send=not state.controller_of_workers)
+    except ConfigError as exc:  # a model the server does not serve: before any probe request, and any worker
+        raise pytest.UsageError(f"cachecheck: {state.session.redactor.scrub(str(exc))}") from None
+    reporter.stage = None  # (an interrupt leaves it for the verdict)
 
 
 def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
@@ -363,6 +388,8 @@ def cachecheck_expected_divergence(request: pytest.FixtureRequest, cachecheck_ta
     gated = state.session.settings.gated
 
     def expected(record: Any) -> Optional[str]:
+        if state.session.settings.record:
+            return "diverged; recorded as the baseline (--cachecheck-record)"
         known = before_episodes if isinstance(record, EpisodeRecord) else before
         if known.get(record.id) == record.fingerprint:
             return "also differed in the baseline"

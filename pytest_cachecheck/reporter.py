@@ -1,20 +1,24 @@
 """The controller's reporter: collects the probe records (also from xdist workers), then gives the session
 its verdict, writes the JSON report and the HTML page, and prints the summary. Registered only when the
 plugin is on, and only on the controller.
+
+The verdict is also a test item, ``cachecheck::gate``, added after the last selected probe: without xdist
+it runs last in the ordinary loop; under xdist the controller runs it after every worker has finished
+(the workers never see it), so it always judges every probe.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Generator, List, Optional, Tuple
 
 import pytest
 
-from . import _collect, terminal
+from . import _collect, _items, terminal
 from .files import write_report
 from .episodes import Episode
 from .interrupts import Interrupts
-from .model import EpisodeRecord, ProbeRecord, RunReport, record_key
+from .model import EpisodeRecord, ProbeRecord, RunReport, Verdict, record_key
 from .probes import Probe
 from .run import EpisodeInput, RunResult, summarise
 from .session import CheckSession
@@ -35,11 +39,27 @@ class JsonRecord(Dict[str, Any]):
         return json.dumps(self)
 
 
+def _probe_key(item: pytest.Item) -> Optional[str]:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if isinstance(params.get("cachecheck_probe"), Probe):
+        return record_key(params["cachecheck_probe"].id, _collect.item_target(item))
+    return None
+
+
+def _episode_key(item: pytest.Item) -> Optional[str]:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if isinstance(params.get("cachecheck_episode"), Episode):
+        return record_key(params["cachecheck_episode"].id, _collect.item_target(item))
+    return None
+
+
 class Reporter:
-    def __init__(self, config: pytest.Config, session: CheckSession, interrupts: Interrupts) -> None:
+    def __init__(self, config: pytest.Config, session: CheckSession, interrupts: Interrupts,
+                 controller_of_workers: bool = False) -> None:
         self.config = config
         self.session = session
         self.interrupts = interrupts
+        self.controller_of_workers = controller_of_workers  # under xdist: the workers run the probes
         #: what the plugin was doing outside the probes, for the verdict of a run interrupted then
         self.stage: Optional[str] = None
         self.records: Dict[str, ProbeRecord] = {}  # by record key
@@ -55,16 +75,54 @@ class Reporter:
         self.report: Optional[RunReport] = None
         self.printed = False
 
+    # -- the gate item ------------------------------------------------------------------------------------
+    def gate_verdict(self) -> Tuple[List[str], Verdict]:
+        """The selected probes and episodes without a result yet, and the session verdict on the results
+        so far."""
+        missing = [k for k in self.selected or [] if k not in self.records]
+        missing += [k for k in self.selected_episodes or [] if k not in self.episodes]
+        verdict = self._summarise(False).verdict
+        return missing, Verdict(verdict.status, verdict.ok, self.session.redactor.scrub(verdict.why))
+
+    def _summarise(self, interrupted: Any) -> RunResult:
+        s = self.session
+        episodes = None
+        if s.episode_set is not None:
+            episodes = EpisodeInput(s.episode_set, [e.id for e in s.episodes], self.episodes,
+                                    self.selected_episodes)
+        return summarise(s.settings, s.probe_set, [p.id for p in s.probes], s.target_inputs(), self.records,
+                         self.checks, self.selected, s.baselines, interrupted, episodes, self.episode_checks)
+
+    def _gate(self, parent: Any, **kwargs: Any) -> _items.GateItem:
+        return _items.GateItem.from_parent(parent, name=_items.GATE, verdict=self.gate_verdict, **kwargs)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, session: pytest.Session, items: List[pytest.Item]) -> None:
+        """Without xdist: the gate goes after the items selected (-k, -m, ...) when a probe or an episode is
+        among them."""
+        probes = [i for i in items if _probe_key(i) is not None or _episode_key(i) is not None]
+        if self.controller_of_workers or not probes:
+            return
+        gate = self._gate(probes[0].parent)
+        items.append(gate)
+        report = pytest.CollectReport(_collect.MODULE, "passed", None, [gate])
+        self.config.hook.pytest_collectreport(report=report)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, None]:
+        """Under xdist: the gate, on the controller, once every worker has finished."""
+        outcome = yield
+        if (not self.controller_of_workers or not (self.selected or self.selected_episodes)
+                or outcome.excinfo is not None
+                or session.shouldfail or session.shouldstop or self.config.option.collectonly):
+            return
+        gate = self._gate(session, nodeid=f"{_collect.MODULE}::{_items.GATE}")
+        session.testscollected += 1
+        gate.ihook.pytest_runtest_protocol(item=gate, nextitem=None)
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        keys, episodes = [], []
-        for item in session.items:
-            callspec = getattr(item, "callspec", None)
-            params = callspec.params if callspec is not None else {}
-            if isinstance(params.get("cachecheck_probe"), Probe):
-                keys.append(record_key(params["cachecheck_probe"].id, _collect.item_target(item)))
-            elif isinstance(params.get("cachecheck_episode"), Episode):
-                episodes.append(record_key(params["cachecheck_episode"].id, _collect.item_target(item)))
-        self.selected, self.selected_episodes = keys, episodes
+        self.selected = [k for k in map(_probe_key, session.items) if k is not None]
+        self.selected_episodes = [k for k in map(_episode_key, session.items) if k is not None]
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: List[str]) -> None:
@@ -162,13 +220,7 @@ class Reporter:
         if interrupted and int(session.exitstatus) in (0, 1, 5):
             # a second Ctrl-C inside pytest's handling of the first leaves the status at 0
             session.exitstatus = pytest.ExitCode.INTERRUPTED
-        episodes = None
-        if s.episode_set is not None:
-            episodes = EpisodeInput(s.episode_set, [e.id for e in s.episodes], self.episodes, self.selected_episodes)
-        self.result = result = summarise(s.settings, s.probe_set, [p.id for p in s.probes], s.target_inputs(),
-                                         self.records, self.checks, self.selected, s.baselines,
-                                         self._interruption() if interrupted else False, episodes,
-                                         self.episode_checks)
+        self.result = result = self._summarise(self._interruption() if interrupted else False)
         if not result.verdict.ok and int(session.exitstatus) == 0:
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
         self.report = report = result.report(int(session.exitstatus))

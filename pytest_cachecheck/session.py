@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
-from .errors import ConfigError, RequestError, ServerSetupError
+from .errors import ConfigError, ModelChoiceError, RequestError, ServerSetupError
 from .model import Outcome, ProbeSet, record_key
 from .probes import Probe, ProbeFileError, builtin_probes, load_probes, probe_set_fingerprint
 from .redact import Redactor
@@ -80,7 +80,16 @@ class CheckSession:
         return {r.id: r.fingerprint for r in records if r.outcome == Outcome.DIFFERENT}
 
     def prepare(self, *, send: bool) -> Dict[Optional[str], Optional[str]]:
-        """Resolve (and, with ``send``, check) every target's server setup; target -> error text or None."""
+        """Resolve (and, with ``send``, check) every target's server setup; target -> error text or None.
+        Raises ConfigError when a server does not serve the model asked for (or serves several and none was
+        chosen): the option is wrong, whatever the server does."""
+        for name, runner in self.runners.items():  # first what each server is, sending nothing that generates
+            try:
+                runner.prepare(send=False)
+            except ModelChoiceError as exc:
+                raise ConfigError((f"target {name}: " if name is not None else "") + str(exc)) from None
+            except (RequestError, ServerSetupError):
+                pass  # the runner keeps it and raises it again below
         errors: Dict[Optional[str], Optional[str]] = {}
         for name, runner in self.runners.items():
             try:

@@ -80,6 +80,10 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                metavar="PATH"),
     OptionSpec("baseline", "--cachecheck-baseline",
                "compare with an earlier JSON report (probes paired by id)", metavar="PATH"),
+    OptionSpec("record", "--cachecheck-record",
+               "record a baseline: write the JSON report to PATH; divergences are then expected failures, "
+               "and the run passes when the measurement can be trusted (enough valid probes, no errors)",
+               metavar="PATH"),
     OptionSpec("fail_on", "--cachecheck-fail-on",
                "with a baseline, when the session fails: new-divergence (default), rate-increase or never",
                metavar="POLICY"),
@@ -96,7 +100,9 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                "start llama-server for the run with this model (a .gguf file, or 'demo' for a tiny "
                "random-weight model) instead of giving --cachecheck-url", metavar="MODEL"),
     OptionSpec("server_args", "--cachecheck-server-args",
-               "extra llama-server flags for --cachecheck-serve, as one quoted string", metavar="ARGS"),
+               "extra llama-server flags for --cachecheck-serve, as one quoted string joined with '=' "
+               "(--cachecheck-server-args='-c 8192': a separate value starting with '-' reads as an option)",
+               metavar="ARGS"),
     OptionSpec("timeout", "--cachecheck-timeout",
                f"a deadline in seconds for each whole request (default {DEFAULT_TIMEOUT:g})",
                metavar="SECONDS"),
@@ -105,6 +111,8 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                metavar="FRACTION"),
 )
 SPECS: Dict[str, OptionSpec] = {o.name: o for o in OPTIONS}
+#: options whose values are paths: in the ini file relative to its folder, as pytest's own ini paths
+PATH_OPTIONS = ("probes", "episodes", "report", "html", "baseline", "record")
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,7 @@ class Settings:
     baseline: Optional[str] = None
     fail_on: str = "new-divergence"
     max_rate: Optional[float] = None
+    record: bool = False  # --cachecheck-record: ``report`` is a baseline being recorded
     logprobs: bool = True
     hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
     notes: Tuple[str, ...] = ()  # what the plugin made of the values given, for the header
@@ -151,7 +160,8 @@ class Settings:
     @property
     def gated(self) -> bool:
         """Whether the session verdict, not each divergent item, decides about divergences."""
-        return self.max_rate is not None or (self.baseline is not None and self.fail_on != "new-divergence")
+        return self.record or self.max_rate is not None or (self.baseline is not None
+                                                            and self.fail_on != "new-divergence")
 
     def public(self) -> Dict[str, Any]:
         """The settings as they may appear in a report: URLs without credentials, never the key."""
@@ -173,6 +183,7 @@ class Settings:
             "baseline": self.baseline,
             "fail_on": self.fail_on,
             "max_rate": self.max_rate,
+            "record": self.record,
             "logprobs": self.logprobs,
             "serve": self.serve if self.serve in (None, "demo") else Path(self.serve).name,
             "server_args": self.server_args,
@@ -340,6 +351,21 @@ class RawOptions(Dict[str, Any]):
         return "RawOptions(given: " + ", ".join(k for k, v in self.items() if v is not None) + ")"
 
 
+def ini_paths(name: str, value: Any, base: Path) -> Any:
+    """An ini value of a path option with its relative paths made relative to ``base`` (the ini file's
+    folder); other values as they are. A ``~`` path is left for the settings to expand."""
+    if name not in PATH_OPTIONS or value in (None, "", []):
+        return value
+
+    def one(path: str) -> str:
+        text = str(path).strip()
+        if not text or text == "builtin" or text.startswith("~") or Path(text).is_absolute():
+            return text  # "builtin": the episode set that ships with the plugin
+        return str(base / text)
+
+    return [one(v) for v in value] if isinstance(value, list) else one(value)
+
+
 def lookup(cli: Getter, ini: Getter, env: Mapping[str, str]) -> Dict[str, Any]:
     """Raw values by precedence: command line, ini, environment. ``None`` where nothing was given."""
     raw: Dict[str, Any] = RawOptions()
@@ -451,6 +477,18 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         raise _bad("fail_on", fail_on, "one of " + ", ".join(FAIL_POLICIES))
     if raw.get("fail_on") and not raw.get("baseline"):
         raise ConfigError("--cachecheck-fail-on goes with --cachecheck-baseline PATH")
+    record = raw.get("record")
+    if record is not None and not str(record).strip():
+        raise _bad("record", record, "a file path, not an empty value")
+    if record:
+        if report:
+            raise ConfigError("--cachecheck-record writes the JSON report itself; it conflicts with "
+                              "--cachecheck-report (ini cachecheck_report)")
+        for name in ("baseline", "max_rate"):
+            if raw.get(name) is not None:
+                raise ConfigError(f"--cachecheck-record records a baseline, where divergences do not fail "
+                                  f"the run; it conflicts with {SPECS[name].flag} (ini {SPECS[name].ini})")
+        report = _writable_report(str(record), base_dir, "record")
     baseline = raw.get("baseline")
     if baseline:
         bpath = Path(str(baseline)).expanduser()
@@ -480,7 +518,8 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         hit_tolerance=_int("hit_tolerance", raw["hit_tolerance"], 0, 1_000_000)
         if raw.get("hit_tolerance") is not None else DEFAULT_TOLERANCE,
         skip_hit_check=skip,
-        report=_writable_report(str(report), base_dir) if report else None,
+        report=(report if record else _writable_report(str(report), base_dir)) if report else None,
+        record=bool(record),
         api_key=_api_key(api_key),
         timeout=_float("timeout", raw["timeout"], 0.0, 86400.0, low_open=True)
         if raw.get("timeout") is not None else DEFAULT_TIMEOUT,

@@ -119,9 +119,9 @@ def check_llama_cpp_run(run: Run) -> None:
     assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, run.out[-4000:]
     assert len(run.data["probes"]) == 20
     different = counts.get("different", 0)
-    assert f"{counts.get('same', 0)} passed" in run.out
+    assert f"{counts.get('same', 0) + (not different)} passed" in run.out  # and the gate, if no divergence
     if different:
-        assert f"{different} failed" in run.out
+        assert f"{different + 1} failed" in run.out  # and the gate, with the verdict
     assert run.ret == (1 if different else 0)
     assert f"{different} of 20 valid probes gave a different turn-2 answer on the cache path." in run.out
     assert run.data["mode"] == "llama.cpp" and run.data["server"]["kind"] == "llama.cpp"
@@ -195,7 +195,7 @@ def test_both_caches_off_control(plugin_run, llama_servers):
     assert run.counts() == {"same": 20}, run.out[-4000:]
     for probe in run.data["probes"]:
         assert all(r["cached_tokens"] == 0 for r in probe["requests"])  # really no cache anywhere
-    assert run.ret == 0 and "20 passed" in run.out
+    assert run.ret == 0 and "21 passed" in run.out  # and the gate
 
 
 def test_two_urls_reaching_one_server(plugin_run, llama_servers):

@@ -227,7 +227,7 @@ def test_builtin_episodes_run_as_items_with_real_tool_calls(pytester, emulator):
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-episodes=builtin",
                                            "--cachecheck-n=1", "--cachecheck-report=r.json", "-p", "no:cacheprovider",
                                            "--cachecheck-hit-tolerance=0")
-    result.assert_outcomes(passed=21)
+    result.assert_outcomes(passed=22)  # 20 episodes, a probe, the gate
     assert result.ret == 0
     data = json.loads((pytester.path / "r.json").read_text())
     assert data["episode_set"]["count"] == 20 and len(data["episodes"]) == 20
@@ -248,16 +248,16 @@ def test_a_changed_trajectory_fails_and_a_baseline_gates_it(pytester, emulator):
     clean, flips = emulator(), emulator(diverge_on_hit={"balcony"})  # garden-plan's opening
     common = ["--cachecheck-episodes=builtin", "-k", "episode and (garden or bread)", "-p", "no:cacheprovider"]
     first = pytester.runpytest_subprocess(f"--cachecheck-url={clean.url}", *common, "--cachecheck-report=before.json")
-    first.assert_outcomes(passed=2)
+    first.assert_outcomes(passed=3)
     after = pytester.runpytest_subprocess(f"--cachecheck-url={flips.url}", *common, "--cachecheck-report=after.json",
                                           "--cachecheck-baseline=before.json")
-    after.assert_outcomes(passed=1, failed=1)
+    after.assert_outcomes(passed=1, failed=2)  # garden-plan and the gate
     assert after.ret == 1
     after.stdout.fnmatch_lines(["*episode[[]garden-plan[]]*", "*parted at step 2 (text)*",
                                 "1 of 2 valid episodes took a different trajectory on the cache path.",
                                 "first parting step: step 2: 1",
                                 "*baseline comparison of the episodes*", "*garden-plan*newly diverged*",
-                                "*FAIL (gate-failed): 1 episode(s) newly changed trajectory against the baseline*"])
+                                "*FAIL (gate-failed): 1 episode newly changed trajectory against the baseline*"])
     data = json.loads((pytester.path / "after.json").read_text())
     garden = next(e for e in data["episodes"] if e["id"] == "garden-plan")
     assert garden["outcome"] == "different" and garden["parting"]["step"] == 2
@@ -272,7 +272,7 @@ def test_episodes_under_xdist_stay_with_their_server(pytester, emulator):
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-episodes=builtin",
                                            "--cachecheck-n=2", "-k", "not episode or calendar or garden", "-n", "2",
                                            "-v", "--cachecheck-report=r.json", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=8)
+    result.assert_outcomes(passed=9)
     data = json.loads((pytester.path / "r.json").read_text())
     workers = {r["worker"] for r in data["probes"] + data["episodes"]}
     assert len(workers) == 1 and emu.max_in_flight == 1

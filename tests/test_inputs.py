@@ -71,7 +71,7 @@ def test_distinct_outputs_are_all_written(pytester, emulator):
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-probes=probes.jsonl",
                                 "--cachecheck-report=r.json", "--cachecheck-html=r.html", "--junitxml=j.xml",
                                 *FAST)
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)  # and cachecheck::gate
     assert json.loads((pytester.path / "r.json").read_text())["probes"][0]["id"] == "own-1"
     assert (pytester.path / "r.html").read_text().startswith("<!DOCTYPE html>")
     assert (pytester.path / "j.xml").read_text().startswith("<?xml")
@@ -168,7 +168,7 @@ def test_a_baseline_of_many_probes_prints_a_short_summary(pytester, emulator):
     path.write_text(json.dumps(report([record(f"old-{i}", "same") for i in range(2000)]).to_json()))
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", f"--cachecheck-baseline={path}",
                                 "--cachecheck-n=2", *FAST)
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     out = result.stdout.str()
     summary = out[out.index("cachecheck summary"):]
     assert len(summary.splitlines()) < 90, len(summary.splitlines())
@@ -178,8 +178,8 @@ def test_a_baseline_of_many_probes_prints_a_short_summary(pytester, emulator):
 def test_a_server_of_many_models_is_named_in_one_short_line(pytester, emulator):
     emu = emulator(flavor="sglang", block_size=1, models=[f"model-{i}" for i in range(20_000)])
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=1", *FAST)
-    result.assert_outcomes(errors=1)
-    out = result.stdout.str()
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # several models and none chosen: before any probe
+    out = result.stderr.str()
     assert "choose one with --cachecheck-model" in out and "and 19991 more" in out
     assert max(len(line) for line in out.splitlines()) < 4100
     assert out.count("model-1") < 30
@@ -333,7 +333,7 @@ def test_probes_from_a_pipe_under_xdist_are_read_once_by_the_controller(pytester
     data = json.loads((pytester.path / "r.json").read_text())
     assert [p["id"] for p in data["probes"]] == ["piped-0", "piped-1", "piped-2"]
     assert data["summary"]["status"] == "passed"
-    assert "3 passed" in result.stdout
+    assert "4 passed" in result.stdout
 
 
 @pytest.mark.skipif(not os.path.isdir("/dev/fd"), reason="no /dev/fd")
@@ -355,7 +355,7 @@ def test_baseline_from_a_pipe_under_xdist(pytester, emulator):
     emu = emulator(diverge_on_hit={"bicycle"})  # bike-chain diverges
     first = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=2",
                                "--cachecheck-report=b.json", *FAST)
-    first.assert_outcomes(passed=1, failed=1)
+    first.assert_outcomes(passed=1, failed=2)  # bike-chain, and the gate
     text = (pytester.path / "b.json").read_text()
     read, write = os.pipe()
     threading.Thread(target=lambda: os.fdopen(write, "w").write(text), daemon=True).start()
@@ -367,7 +367,7 @@ def test_baseline_from_a_pipe_under_xdist(pytester, emulator):
     finally:
         os.close(read)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    assert "1 passed, 1 xfailed" in result.stdout and "also differed in the baseline" in result.stdout
+    assert "2 passed, 1 xfailed" in result.stdout and "also differed in the baseline" in result.stdout
 
 
 # -- a URL ending in /v1 ------------------------------------------------------------------------------------
@@ -378,7 +378,7 @@ def test_an_openai_base_url_is_taken_as_the_servers_root(pytester, emulator, suf
     emu = emulator()
     result = pytester.runpytest(f"--cachecheck-url={emu.url}{suffix}", "--cachecheck-n=2",
                                 "--cachecheck-report=r.json", *FAST)
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines([f"cachecheck: note: --cachecheck-url {emu.url}{suffix} ends in /v1 (an "
                                  f"OpenAI client's base URL); the plugin uses the server's root {emu.url}*"])
     result.stdout.fnmatch_lines([f"*reproduce with: pytest --cachecheck-url={emu.url} *"])
@@ -389,12 +389,12 @@ def test_v1_is_stripped_from_targets_and_the_nocache_url(pytester, emulator):
     a, b = emulator(), emulator()
     result = pytester.runpytest(f"--cachecheck-target=a={a.url}/v1", f"--cachecheck-target=b={b.url}/v1",
                                 "--cachecheck-n=1", *FAST)
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     assert result.stdout.str().count("ends in /v1") == 2
     cache, nocache = emulator(), emulator(prefix_caching=False)
     result = pytester.runpytest(f"--cachecheck-url={cache.url}", f"--cachecheck-nocache-url={nocache.url}/v1",
                                 "--cachecheck-n=1", *FAST)
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)
     result.stdout.fnmatch_lines(["cachecheck: note: --cachecheck-nocache-url * ends in /v1*"])
 
 
@@ -444,7 +444,7 @@ def test_ini_values_from_toml(pytester, emulator, table):
     else:
         pytester.path.joinpath("pyproject.toml").write_text(text)
     result = pytester.runpytest(*FAST)
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     settings = json.loads((pytester.path / "r.json").read_text())["settings"]
     assert (settings["n"], settings["max_tokens"], settings["hit_tolerance"], settings["timeout"],
             settings["min_valid"], settings["max_rate"], settings["logprobs"]) == (
