@@ -38,8 +38,9 @@ class SlotServer:
     ``tool_choice: required`` (or a named tool) answers with a call."""
 
     def __init__(self, diverge: Callable[[int, int], bool] = lambda step, cached: False,
-                 rerender_calls: bool = True, recompute_reuses: bool = False) -> None:
+                 rerender_calls: bool = True, recompute_reuses: bool = False, empty_at: int = 0) -> None:
         self.slot: List[str] = []
+        self.empty_at = empty_at  # the step whose answer is empty (only the end token)
         self.diverge = diverge
         self.rerender_calls = rerender_calls
         self.recompute_reuses = recompute_reuses
@@ -78,6 +79,8 @@ class SlotServer:
             reply = Reply("", "tool_calls", len(prompt), len(answer) + 1, cached, tool_calls=[(name, args)])
         else:
             answer = [WORDS[(seed >> (4 * i)) % len(WORDS)] for i in range(3 + seed % 4)]
+            if step == self.empty_at:
+                answer = []
             reply = Reply(" ".join(answer), "stop", len(prompt), len(answer) + 1, cached)
         if logprobs:
             reply.logprobs = [(t, -0.1, 0.05) for t in answer]  # both paths: 0.1 together, a near-tie
@@ -203,6 +206,32 @@ def test_a_tool_call_rendered_otherwise_is_inconclusive_with_that_reason():
     assert record.outcome == Outcome.INCONCLUSIVE
     assert "cache-1 step 2: cache hit was" in record.reason
     assert "re-renders the tool call of step 1 differently" in record.reason
+
+
+def test_a_hit_after_an_empty_answer_is_inconclusive_and_says_why():
+    """An empty answer (only the end of turn) leaves no answer token for the next step's hit to reach."""
+    record = measure_episode(runner(SlotServer(empty_at=1), hit_tolerance=0), episode())
+    assert record.outcome == Outcome.INCONCLUSIVE
+    assert "cache-1 step 2: cache hit was" in record.reason and "not past step 1's prompt" in record.reason
+    assert "step 1's answer was empty, so no answer token could be reused" in record.reason
+    ok = measure_episode(runner(SlotServer(empty_at=0), hit_tolerance=0), episode())
+    assert ok.outcome == Outcome.SAME and "empty" not in ok.reason
+
+
+def test_a_server_that_ignores_tools_makes_a_tool_episode_inconclusive():
+    """llama-server without --jinja answers a request with tools and tool_choice "required" with plain words:
+    the episode is then not the one the file describes, and must not count as a same trajectory."""
+    e = episode(tools=[WEATHER], tool_choice=["required", "auto"], tool_results={"get_weather": "sunny"})
+
+    class Deaf(SlotServer):
+        def chat(self, *a: Any, **k: Any) -> Reply:
+            return super().chat(*a, **{**k, "tools": None})
+
+    record = measure_episode(runner(Deaf()), e)
+    assert record.outcome == Outcome.INCONCLUSIVE
+    assert "answered without one, so the server ignores the tools" in record.reason
+    assert "cache-1 step 1 (tool_choice 'required')" in record.reason
+    assert measure_episode(runner(SlotServer()), e).outcome == Outcome.SAME  # the same episode, heard
 
 
 def test_recompute_reuse_and_errors():
