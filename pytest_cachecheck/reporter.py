@@ -15,6 +15,7 @@ from typing import Any, Dict, Generator, List, Optional, Tuple
 import pytest
 
 from . import _collect, _items, terminal
+from ._api import CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD
 from .files import write_report
 from .episodes import Episode
 from .interrupts import Interrupts
@@ -24,10 +25,6 @@ from .run import EpisodeInput, RunResult, summarise
 from .session import CheckSession
 from .text import printable
 
-RECORD = "cachecheck"  # user_properties key of a probe record
-CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check() record
-EPISODE_RECORD = "cachecheck_episode"  # user_properties key of an episode record
-EPISODE_CHECK_RECORD = "cachecheck_episode_check"  # of a cachecheck.episode() record
 TERMINAL_LINE = 4000  # the longest summary line printed
 
 

@@ -11,6 +11,7 @@ import dataclasses
 import math
 import os
 import re
+import shlex
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -611,3 +612,32 @@ def check_outputs(settings: Settings, others: Mapping[str, Optional[str]]) -> No
                         else "one output would overwrite the other")
                 raise ConfigError(f"{name(output)} and {name(other)} name the same file ({path}): {what}; "
                                   f"give each output a file of its own")
+
+
+def server_args_mistake(argv: Sequence[str]) -> Optional[str]:
+    """The usage error for ``--cachecheck-server-args "-c 8192"``: a separate value starting with '-' reads
+    as an option of pytest's own (``-c`` its config file, ``-n`` xdist's), and argparse fails before any
+    hook of the plugin runs, so the command line is read here, as the plugin registers its options."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--cachecheck-server-args" and value.startswith("-"):
+            return (f"cachecheck: --cachecheck-server-args: the value {value!r} starts with '-', so pytest "
+                    f"reads it as an option of its own; write it with '=': "
+                    f"--cachecheck-server-args={shlex.quote(value)}")
+    return None
+
+
+def native_toml_table(path: Optional[Path]) -> Any:
+    """``[tool.pytest]`` of a pyproject.toml, ``[pytest]`` of a pytest.toml; None when there is none."""
+    if path is None or path.suffix != ".toml":
+        return None
+    try:
+        try:
+            import tomllib
+        except ImportError:  # Python < 3.11, where pytest itself reads TOML with tomli
+            import tomli as tomllib  # type: ignore[no-redef]
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (ImportError, OSError, ValueError):
+        return None
+    table = data.get("tool", {}).get("pytest") if path.name == "pyproject.toml" else data.get("pytest")
+    return table if isinstance(table, dict) else None
