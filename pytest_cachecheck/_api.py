@@ -113,12 +113,7 @@ class CacheCheck:
             obj["id"] = id
         probe = parse_probe(obj, path=f"cachecheck.check() in {self._node.nodeid}", line=1,
                             default_id=self._node.name)
-        record = measure(self._node.config, self._state, self._state.session.runner(target), probe, target)
-        record.test = self._node.nodeid
-        self._node.user_properties.append((CHECK_RECORD, record.to_json()))
-        if record.outcome == Outcome.ERROR:
-            raise RequestError(record.reason)
-        return record
+        return self._measure(probe, target, CHECK_RECORD)
 
     def episode(self, messages: List[Dict[str, str]], user_turns: Optional[List[str]] = None, *,
                 tools: Optional[List[Dict[str, Any]]] = None, tool_results: Optional[Dict[str, Any]] = None,
@@ -136,9 +131,13 @@ class CacheCheck:
                                       ("max_steps", max_steps), ("id", id)) if v is not None})
         case = parse_episode(obj, path=f"cachecheck.episode() in {self._node.nodeid}", line=1,
                              default_id=self._node.name)
+        return self._measure(case, target, EPISODE_CHECK_RECORD)
+
+    def _measure(self, case: Union[Probe, Episode], target: Optional[str], key: str) -> Any:
+        __tracebackhide__ = True
         record = measure(self._node.config, self._state, self._state.session.runner(target), case, target)
         record.test = self._node.nodeid
-        self._node.user_properties.append((EPISODE_CHECK_RECORD, record.to_json()))
+        self._node.user_properties.append((key, record.to_json()))
         if record.outcome == Outcome.ERROR:
             raise RequestError(record.reason)
         return record
