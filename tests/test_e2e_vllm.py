@@ -92,7 +92,7 @@ def check_valid_run(run: Run, n: int, block: int) -> None:
     assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, run.out[-4000:]
     assert len(run.data["probes"]) == n
     different = counts.get("different", 0)
-    assert f"{counts.get('same', 0)} passed" in run.out
+    assert f"{counts.get('same', 0) + (not different)} passed" in run.out  # and cachecheck::gate, if it passes
     assert run.ret == (1 if different else 0), run.out[-3000:]
     for probe in run.data["probes"]:
         check_hits(probe, block)
@@ -222,7 +222,7 @@ def test_both_caches_off_control(plugin_run, vllm_servers):
     assert run.counts() == {"same": 6}, run.out[-4000:]
     for probe in run.data["probes"]:
         assert all(r["cached_tokens"] == 0 for r in probe["requests"])  # really no cache anywhere
-    assert run.ret == 0 and "6 passed" in run.out
+    assert run.ret == 0 and "7 passed" in run.out  # and cachecheck::gate
 
 
 @pytest.mark.parametrize("servers, extra, words", [
