@@ -131,7 +131,8 @@ def test_one_server_mode_default_block(plugin_run, vllm_servers):
     assert server["kind"] == "vllm" and server["build"] == "0.32.0" and server["model"] == "tiny-qwen2"
     assert server["details"] == {"block_size": BLOCK, "enable_prefix_caching": True}
     assert "cachecheck: mode one-server (auto-detected) | server vllm 0.32.0 | model tiny-qwen2 | " \
-           "hit_tolerance raised to 127 for the server's 128-token cache blocks" in run.out
+           "hit_tolerance 127 (raised from 32 for the server's 128-token cache blocks)" in run.out
+    assert "| hit_tolerance 127\n" in run.out  # the tolerance in force, on the probes line too
     assert any(n.startswith("chat template: the turn-2 prompt repeats") for n in run.data["setup_checks"])
     assert run.data["setup_warnings"] == []
 
