@@ -117,6 +117,24 @@ class TinyModelConfig:
     marker_embd_scale: float = 1.0
     """Scale of the embeddings of the tool-call markers: larger makes the marker dominate the last
     hidden state right after it, so ``marker_follow_gain`` acts there more sharply than elsewhere."""
+    string_closers: bool = False
+    """The first token of each text of ``extra_texts`` that starts with ``"`` (``",``, ``"}}\\n``: what
+    follows a free string value) gets ``<|im_end|>``'s output row and its bias minus ``closer_gap``, so
+    that a grammar-constrained string ends where an answer would end, while in free text, where
+    ``<|im_end|>`` is allowed, a closer never wins."""
+    closer_gap: float = 0.5
+    open_quote_gain: float = 0.0
+    """Added to every word's output row along the embedding of ``Ġ"`` (the token that opens a string
+    value): right after it the words outrank ``<|im_end|>`` and the closers by about 5 times this, so a
+    string is not closed as soon as it opens (`` ""`` would re-tokenize as one token)."""
+    twin_gain: float = 0.0
+    """First-word twins: each word ``Ġabc`` whose ``abc`` is a token of its own gets a twin ``abc`` with
+    the word's output row plus ``twin_gain`` times the unit embedding of ``\\n`` and a bias of
+    ``-twin_offset``: right after ``\\n`` (the end of the generation prompt ``<|im_start|>assistant\\n``)
+    the twin outranks its word, elsewhere it loses to it. An answer then starts without a space, which
+    llama-server would strip from the content of a reply to a request with tools (so the re-rendered
+    answer would be other tokens than those generated)."""
+    twin_offset: float = 0.0
 
     @property
     def head_dim(self) -> int:
@@ -184,7 +202,8 @@ def tool_model_config(tools: Sequence[Dict[str, Any]] = DEMO_TOOLS, **overrides:
     tokens it generated; see tests/support/TOOLCALL_FINDINGS.md for what it does and how it was tuned."""
     cfg = TinyModelConfig(tool_call_tokens=True, tool_call_bias=-5.0, extra_texts=tool_call_texts(tools),
                           extra_bias=-30.0, extra_piece_bias=-50.0, extra_space_bias=-36.0, follow_gain=5.0,
-                          marker_follow_gain=10.0, marker_embd_scale=4.0)
+                          marker_follow_gain=10.0, marker_embd_scale=4.0, string_closers=True,
+                          open_quote_gain=2.0, twin_gain=4.0, twin_offset=14.0)
     return replace(cfg, **overrides)
 
 
@@ -477,26 +496,58 @@ def build_tensors(
     own = embd[allowed] / np.linalg.norm(embd[allowed], axis=1, keepdims=True)
     rows -= np.float32(cfg.anti_repeat) * own
     out[allowed] = rows
-    pairs = {(a, b) for seq in tokenize_texts(vocab, cfg.extra_texts) for a, b in zip(seq, seq[1:])}
+    texts = tokenize_texts(vocab, cfg.extra_texts)
+    closers = sorted({seq[0] for seq, text in zip(texts, cfg.extra_texts) if text.startswith('"')}
+                     if cfg.string_closers else set())
+    pairs = {(a, b) for seq in texts for a, b in zip(seq, seq[1:])}
     for a, b in sorted(pairs):
         gain = cfg.marker_follow_gain if a in vocab.tool_call_ids else cfg.follow_gain
-        if gain:
+        if gain and b not in closers:
             out[b] += np.float32(gain) * embd[a] / np.linalg.norm(embd[a])
+    tokens: List[str] = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
+    twins = _twins(vocab, words, set(allowed.tolist())) if cfg.twin_gain else []
+    if cfg.open_quote_gain:
+        quote = tokens.index('\u0120"')
+        out[words] += np.float32(cfg.open_quote_gain) * embd[quote] / np.linalg.norm(embd[quote])
+    newline = tokens.index("\u010a")
+    for word, twin in twins:
+        out[twin] = out[word] + np.float32(cfg.twin_gain) * embd[newline] / np.linalg.norm(embd[newline])
+    out[closers] = out[vocab.end_of_turn_id]
     embd[markers] *= np.float32(cfg.marker_embd_scale)
     t["output.weight"] = out
     bias = np.full(nv, cfg.disallowed_logit, dtype=np.float32)
     bias[allowed] = 0.0
     bias[vocab.end_of_turn_id] = cfg.end_bias
     bias[extra] = cfg.extra_bias
-    tokens: List[str] = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
     pieces = [i for i in extra if re.fullmatch("[A-Za-z0-9_]+", tokens[i])]
     bias[pieces] = cfg.extra_bias + cfg.extra_piece_bias
     spaces = [i for i in extra if not tokens[i].strip("\u0120\u010a\u0109")]
     bias[spaces] = cfg.extra_bias + cfg.extra_space_bias
+    for k, closer in enumerate(closers):
+        bias[closer] = cfg.end_bias - cfg.closer_gap * (k + 1)
+    bias[[twin for _, twin in twins]] = -cfg.twin_offset
     if len(markers):
         bias[markers[0]] = cfg.tool_call_bias
     t["output.bias"] = bias
     return t
+
+
+def _twins(vocab: TinyVocab, words: np.ndarray, taken: set) -> List[Tuple[int, int]]:
+    """(word, twin) ids: ``Ġabc`` and ``abc`` where ``abc`` is a token that BPE keeps whole and that is
+    not an allowed token already."""
+    tokens: List[str] = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
+    kv = vocab.tokenizer_kv.get("tokenizer.ggml.merges")
+    ranks: Dict[Tuple[str, str], int] = {}
+    for rank, merge in enumerate(kv.value if kv is not None else []):
+        left, _, right = merge.partition(" ")
+        ranks.setdefault((left, right), rank)
+    index = {tok: i for i, tok in enumerate(tokens)}
+    out = []
+    for word in words.tolist():
+        twin = index.get(tokens[word][1:])
+        if twin is not None and twin not in taken and _bpe(tokens[twin], ranks) == [tokens[twin]]:
+            out.append((word, twin))
+    return out
 
 
 def _quant_type(ftype: str, name: str, arr: np.ndarray) -> Any:
