@@ -24,7 +24,7 @@ from .llama_server import (VOCAB_GGUF_NAME, LlamaServer, LlamaServerError, _buil
 
 DEMO = "demo"
 DEMO_MODEL_VERSION = 1  # bump when tinymodel's output changes
-TOOLS_MODEL_VERSION = 2  # bump when tinymodel.tool_model_config() or its output changes
+TOOLS_MODEL_VERSION = 4  # bump when tinymodel.tool_model_config() or its output changes
 TOOLS_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 #: flags the measurement sets itself; a user's --cachecheck-server-args must not change them
 OWN_FLAGS = ("-np", "--parallel", "--cache-ram", "-cram", "--host", "--port", "-m", "--model")
@@ -134,15 +134,14 @@ def demo_model(log: Log, ftype: str = "f32") -> Path:
 
 
 def tools_model(log: Log, ftype: str = "f32") -> Path:
-    """The cached tool-call demo model (:func:`pytest_cachecheck.tinymodel.tool_model_config` for
-    ``DEMO_TOOLS`` and the built-in episodes' tools); serve it with ``--jinja --chat-template-file
-    <ensure_template()>``."""
+    """The cached tool-call demo model (:func:`pytest_cachecheck.tinymodel.tool_model_config` for the
+    built-in episodes' tools); serve it with ``--jinja --chat-template-file <ensure_template()>``."""
     path = cache_dir() / "models" / f"tools-{ftype}-v{TOOLS_MODEL_VERSION}.gguf"
 
     def write(target: Path, vocab: Path) -> None:
         from .episodes import builtin_tools
-        from .tinymodel import DEMO_TOOLS, tool_model_config, write_tiny_model
-        config = tool_model_config(list(DEMO_TOOLS) + builtin_tools())
+        from .tinymodel import tool_model_config, write_tiny_model
+        config = tool_model_config(builtin_tools())
         write_tiny_model(target, ftype, vocab_gguf=vocab, config=config)
     return _cached_model(log, path, "tool-call demo model", write)
 

@@ -93,6 +93,14 @@ class TinyModelConfig:
     the model emit them."""
     tool_call_bias: float = 0.0
     """Extra logit of ``<tool_call>``; higher means the model opens a tool call more often."""
+    tool_call_end_bias: float = 0.0
+    """Extra logit of ``</tool_call>`` (where the grammar requires it, it is the only choice; inside a JSON
+    string, where it is allowed text, a low bias keeps it out)."""
+    tool_call_start_gain: float = 0.0
+    """Added to ``<tool_call>``'s output row along the unit embedding of ``\n``: right after the generation
+    prompt ``<|im_start|>assistant\n`` it outranks every word by about 5 times this minus
+    ``-tool_call_bias``, so an answer to a request with tools starts with a call (with "required" and
+    "auto" alike); elsewhere (inside a JSON string, where the marker is allowed text) it loses."""
     extra_texts: Tuple[str, ...] = ()
     """ASCII texts (e.g. a rendered tool call) whose tokens the model may emit besides the words, so
     that a grammar (tool calls, JSON) can produce them as the tokens the text re-tokenizes to."""
@@ -123,6 +131,10 @@ class TinyModelConfig:
     that a grammar-constrained string ends where an answer would end, while in free text, where
     ``<|im_end|>`` is allowed, a closer never wins."""
     closer_gap: float = 0.5
+    closer_after_colon: float = 0.0
+    """Subtracted from the closers' output rows along the embeddings of the tokens that precede an
+    opening quote ``Ġ"`` in ``extra_texts`` (``":``): a free string may start with ``",``, and there the
+    closer would otherwise win over ``Ġ"`` (the template renders ``": "``)."""
     open_quote_gain: float = 0.0
     """Added to every word's output row along the embedding of ``Ġ"`` (the token that opens a string
     value): right after it the words outrank ``<|im_end|>`` and the closers by about 5 times this, so a
@@ -200,10 +212,11 @@ def tool_model_config(tools: Sequence[Dict[str, Any]] = DEMO_TOOLS, **overrides:
     """A :class:`TinyModelConfig` whose model calls ``tools`` through llama-server's grammar with
     Qwen2.5's chat template (``--jinja --chat-template-file``), so that the calls re-render to the
     tokens it generated; see tests/support/TOOLCALL_FINDINGS.md for what it does and how it was tuned."""
-    cfg = TinyModelConfig(tool_call_tokens=True, tool_call_bias=-5.0, extra_texts=tool_call_texts(tools),
-                          extra_bias=-30.0, extra_piece_bias=-50.0, extra_space_bias=-36.0, follow_gain=5.0,
-                          marker_follow_gain=10.0, marker_embd_scale=4.0, string_closers=True,
-                          open_quote_gain=2.0, twin_gain=4.0, twin_offset=14.0)
+    cfg = TinyModelConfig(tool_call_tokens=True, extra_texts=tool_call_texts(tools),
+                          extra_bias=-40.0, extra_piece_bias=0.0, extra_space_bias=-36.0, follow_gain=14.0,
+                          marker_follow_gain=14.0, marker_embd_scale=4.0, string_closers=True,
+                          open_quote_gain=4.0, twin_gain=4.0, twin_offset=14.0, tool_call_bias=-35.0,
+                          tool_call_end_bias=-30.0, tool_call_start_gain=12.0, closer_after_colon=5.0)
     return replace(cfg, **overrides)
 
 
@@ -505,14 +518,20 @@ def build_tensors(
         if gain and b not in closers:
             out[b] += np.float32(gain) * embd[a] / np.linalg.norm(embd[a])
     tokens: List[str] = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
-    twins = _twins(vocab, words, set(allowed.tolist())) if cfg.twin_gain else []
+    twins = _twins(vocab, words, set(allowed.tolist()), [tokens[i] for i in extra]) if cfg.twin_gain else []
     if cfg.open_quote_gain:
         quote = tokens.index('\u0120"')
         out[words] += np.float32(cfg.open_quote_gain) * embd[quote] / np.linalg.norm(embd[quote])
-    newline = tokens.index("\u010a")
-    for word, twin in twins:
-        out[twin] = out[word] + np.float32(cfg.twin_gain) * embd[newline] / np.linalg.norm(embd[newline])
+    if twins:
+        newline = embd[tokens.index("\u010a")]
+        for word, twin in twins:
+            out[twin] = out[word] + np.float32(cfg.twin_gain) * newline / np.linalg.norm(newline)
     out[closers] = out[vocab.end_of_turn_id]
+    if closers and cfg.closer_after_colon:
+        # where a text goes on with an opening quote (after '":'), a closer ('",' opens a string too) loses
+        quote = tokens.index('\u0120"')
+        for a in sorted({a for seq in texts for a, b in zip(seq, seq[1:]) if b == quote}):
+            out[closers] -= np.float32(cfg.closer_after_colon) * embd[a] / np.linalg.norm(embd[a])
     embd[markers] *= np.float32(cfg.marker_embd_scale)
     t["output.weight"] = out
     bias = np.full(nv, cfg.disallowed_logit, dtype=np.float32)
@@ -528,13 +547,18 @@ def build_tensors(
     bias[[twin for _, twin in twins]] = -cfg.twin_offset
     if len(markers):
         bias[markers[0]] = cfg.tool_call_bias
+        bias[markers[1]] = cfg.tool_call_end_bias
+        if cfg.tool_call_start_gain:
+            nl = embd[tokens.index("\u010a")]
+            out[markers[0]] += np.float32(cfg.tool_call_start_gain) * nl / np.linalg.norm(nl)
     t["output.bias"] = bias
     return t
 
 
-def _twins(vocab: TinyVocab, words: np.ndarray, taken: set) -> List[Tuple[int, int]]:
-    """(word, twin) ids: ``Ġabc`` and ``abc`` where ``abc`` is a token that BPE keeps whole and that is
-    not an allowed token already."""
+def _twins(vocab: TinyVocab, words: np.ndarray, taken: set, pieces: Sequence[str]) -> List[Tuple[int, int]]:
+    """(word, twin) ids: ``Ġabc`` and ``abc`` where ``abc`` is a token that BPE keeps whole, that is not an
+    allowed token already and that does not start any of ``pieces`` (where a grammar forces a piece like
+    ``name``, a twin ``na`` would win over it and the text would re-tokenize otherwise)."""
     tokens: List[str] = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
     kv = vocab.tokenizer_kv.get("tokenizer.ggml.merges")
     ranks: Dict[Tuple[str, str], int] = {}
@@ -545,7 +569,9 @@ def _twins(vocab: TinyVocab, words: np.ndarray, taken: set) -> List[Tuple[int, i
     out = []
     for word in words.tolist():
         twin = index.get(tokens[word][1:])
-        if twin is not None and twin not in taken and _bpe(tokens[twin], ranks) == [tokens[twin]]:
+        if twin is None or twin in taken or any(p.startswith(tokens[twin]) for p in pieces):
+            continue
+        if _bpe(tokens[twin], ranks) == [tokens[twin]]:
             out.append((word, twin))
     return out
 

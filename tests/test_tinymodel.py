@@ -251,32 +251,43 @@ def test_tool_call_texts_for_the_demo_tools() -> None:
 
 
 def test_tool_model_weights(vocab_path: Path) -> None:
-    cfg = tinymodel.tool_model_config()
+    from pytest_cachecheck.episodes import builtin_tools
+
+    cfg = tinymodel.tool_model_config(builtin_tools())
     vocab = tinymodel.load_vocab(vocab_path, tool_call_tokens=True)
     base = tinymodel.build_tensors(tinymodel.load_vocab(vocab_path), seed=0)
     t = tinymodel.build_tensors(vocab, seed=0, config=cfg)
     tokens = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
+    index = {tok: i for i, tok in enumerate(tokens)}
     words = list(vocab.allowed_ids) + [vocab.end_of_turn_id]
-    # the words and <|im_end|> keep the default model's weights, except where a tool text steers them
+    # the words and <|im_end|> keep the default model's biases and layers
     assert np.array_equal(base["output.bias"][words], t["output.bias"][words])
     assert np.array_equal(base["blk.1.ffn_down.weight"], t["blk.1.ffn_down.weight"])
     extra = tinymodel.extra_token_ids(vocab, cfg.extra_texts)
     bias = t["output.bias"]
+    twins = set(np.flatnonzero(bias == -cfg.twin_offset).tolist())
     live = set(np.flatnonzero(bias > -1000).tolist())
-    assert live == set(words) | set(extra) | {151657, 151658}
-    assert bias[151657] == cfg.tool_call_bias and bias[151658] == 0.0
+    assert live == set(words) | set(extra) | {151657, 151658} | twins
+    # a twin is its word without the space, and never the start of a piece a grammar may force ("na" of "name")
+    assert len(twins) > 1000 and all(index.get("\u0120" + tokens[i]) in vocab.allowed_ids for i in twins)
+    assert index["na"] not in twins and not any(tokens[e].startswith(tokens[i]) for i in twins for e in extra)
+    assert bias[151657] == cfg.tool_call_bias and bias[151658] == cfg.tool_call_end_bias
     by_text = {tokens[i]: float(bias[i]) for i in extra}
-    assert by_text['{"'] == by_text['"}}\u010a'] == -30.0          # punctuation
-    assert by_text["_weather"] == by_text["7"] == -80.0             # pieces of names, keys, numbers
-    assert by_text["\u0120"] == by_text["\u010a"] == -66.0           # whitespace
-    # markers get 4x embeddings; "<tool_call>" -> "\n" is steered with the marker gain
+    assert by_text['{"'] == by_text["_weather"] == by_text["7"] == cfg.extra_bias      # punctuation and pieces
+    assert by_text["\u010a"] == cfg.extra_bias + cfg.extra_space_bias                  # whitespace
+    # string closers: just below <|im_end|>, with its row but leaning away from '":' (where a string opens)
+    assert cfg.end_bias - 1.0 <= by_text['",'] < by_text['"}}\u010a'] + 1.0 < cfg.end_bias + 1.0
     emb, out = t["token_embd.weight"], t["output.weight"]
+    colon = emb[index['":']] / np.linalg.norm(emb[index['":']])
+    eot = out[vocab.end_of_turn_id]
+    assert float((out[index['",']] - eot) @ colon) < -0.9 * cfg.closer_after_colon
+    # <tool_call> leans towards "\n" (the end of the generation prompt); markers get 4x embeddings
+    nl = emb[198] / np.linalg.norm(emb[198])
+    assert float(out[151657] @ nl) > 0.9 * cfg.tool_call_start_gain
     assert np.allclose(np.linalg.norm(emb[151657]) / np.linalg.norm(base["token_embd.weight"][151657]), 4.0)
     unit = emb[151657] / np.linalg.norm(emb[151657])
-    assert float(out[198] @ unit) > 0.9 * cfg.marker_follow_gain
-    # '{"' follows "\n" in the texts: its row leans towards "\n"'s embedding by about follow_gain
-    nl = emb[198] / np.linalg.norm(emb[198])
-    assert float(out[tokens.index('{"')] @ nl) > 0.6 * cfg.follow_gain
+    assert float(out[198] @ unit) > 0.9 * cfg.marker_follow_gain      # "<tool_call>" -> "\n"
+    assert float(out[index['{"']] @ nl) > 0.6 * cfg.follow_gain        # "\n" -> '{"'
 
 
 def test_default_config_has_no_tool_tokens(vocab_path: Path) -> None:
