@@ -11,9 +11,15 @@ Settings live best in your ini file; the command line still wins over them, and 
     cachecheck_report = cachecheck-report.json
     cachecheck_min_valid = 0.9
 
+Paths in the ini file (``cachecheck_probes``, ``cachecheck_report``, ``cachecheck_html``,
+``cachecheck_baseline``, ``cachecheck_record``) are relative to the ini file's folder, as pytest's own ini
+paths are, so the settings above hold when pytest starts in a subfolder (``cd tests && pytest``); a
+path given on the command line is relative to the folder pytest starts in.
+
 Then ``pytest --cachecheck-url http://127.0.0.1:8080`` runs your suite plus one item per conversation
-of your probe file; ``pytest -m cachecheck`` runs only the probes, ``pytest -m "not cachecheck"`` only
-the suite. Without a URL the plugin adds nothing and sends nothing.
+of your probe file and the ``cachecheck::gate`` item, which carries the verdict; ``pytest -m cachecheck``
+runs only the probes (and the gate), ``pytest -m "not cachecheck"`` only the suite. Without a URL the
+plugin adds nothing and sends nothing.
 """
 
 from __future__ import annotations

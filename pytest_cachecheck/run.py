@@ -16,6 +16,7 @@ from .model import (Comparison, EpisodeRecord, EpisodeSummary, Outcome, ProbeRec
                     Status, Summary, Tally, TargetReport, Verdict, record_key)
 from .redact import display_url
 from .settings import Settings
+from .text import counted
 
 Gate = Tuple[bool, str]  # (fails?, why)
 
@@ -35,18 +36,30 @@ def max_rate_gate(t: Tally, max_rate: float, what: str = "divergence rate", unit
     return False, f"{what} {rate:.1%} is within --cachecheck-max-rate {max_rate:g}"
 
 
-def judge(t: Tally, min_valid: float, interrupted: bool = False, gates: Optional[Sequence[Gate]] = None,
-          unreliable: Optional[str] = None, episodes: Optional[Tally] = None) -> Verdict:
-    """One target's verdict over its probes (and episodes). ``gates`` (max rate, baseline policy), when
-    given, decide about divergences in place of the default rule that any valid probe that differed (or
-    episode whose trajectory changed) fails. ``unreliable`` says why no outcome can be trusted (it
-    overrides everything)."""
+def record_gate(t: Tally, episodes: Optional[Tally] = None) -> Gate:
+    """--cachecheck-record: divergences are what a baseline records, never a failure."""
+    what = f"{t.different} of {counted(t.valid, 'valid probe')} differed"
+    if episodes is not None:
+        what += f", {episodes.different} of {counted(episodes.valid, 'valid episode')} changed trajectory"
+    return False, (f"baseline recorded: {what} (expected when recording; later runs compare with it "
+                   f"through --cachecheck-baseline)")
+
+
+def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
+          gates: Optional[Sequence[Gate]] = None, unreliable: Optional[str] = None,
+          episodes: Optional[Tally] = None) -> Verdict:
+    """One target's verdict over its probes (and episodes). ``gates`` (max rate, baseline policy,
+    recording), when given, decide about divergences in place of the default rule that any valid probe that
+    differed (or episode whose trajectory changed) fails. ``unreliable`` says why no outcome can be trusted
+    (it overrides everything). ``interrupted`` may be the text saying how. A run without a valid probe or
+    episode never passes."""
     total = t + episodes if episodes is not None else t
     items = "probes" if episodes is None else "probes and episodes"
     if unreliable:
         return Verdict(Status.UNRELIABLE, False, unreliable)
     if interrupted:
-        return Verdict(Status.INTERRUPTED, False, "the run was interrupted; the report holds what was measured")
+        return Verdict(Status.INTERRUPTED, False, interrupted if isinstance(interrupted, str) else
+                       "the run was interrupted; the report holds what was measured")
     if total.probes == 0:
         return Verdict(Status.NO_PROBES, True, "no probe ran")
     if gates:
@@ -54,13 +67,19 @@ def judge(t: Tally, min_valid: float, interrupted: bool = False, gates: Optional
         if failing:
             return Verdict(Status.GATE_FAILED, False, "; ".join(failing))
     elif total.different:
-        why = [f"{t.different} valid probe(s) gave a different turn-2 answer"] if t.different else []
+        why = [f"{counted(t.different, 'valid probe')} gave a different turn-2 answer"] if t.different else []
         if episodes is not None and episodes.different:
-            why.append(f"{episodes.different} valid episode(s) changed trajectory")
+            why.append(f"{counted(episodes.different, 'valid episode')} changed trajectory")
         return Verdict(Status.DIVERGED, False, "; ".join(why))
     if total.errors:
-        what = "probe(s)" if episodes is None else "probe(s) or episode(s)"
-        return Verdict(Status.ERRORS, False, f"{total.errors} {what} failed with a request or server error")
+        what = "probe" if episodes is None else "probe or episode"
+        return Verdict(Status.ERRORS, False,
+                       f"{counted(total.errors, what)} failed with a request or server error")
+    if total.valid == 0:
+        unit = "probe" if episodes is None else "probe or episode"
+        return Verdict(Status.TOO_FEW_VALID, False,
+                       f"no {unit} was valid (of {counted(total.probes, unit)}), so nothing was measured; "
+                       f"see the inconclusive reasons")
     if total.valid < min_valid * total.probes:
         return Verdict(Status.TOO_FEW_VALID, False,
                        f"only {total.valid} of {total.probes} {items} were valid, fewer than --cachecheck-min-valid "
@@ -229,10 +248,11 @@ class RunResult:
 
 def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str], targets: Sequence[TargetInput],
               records: Mapping[str, ProbeRecord], checks: Sequence[ProbeRecord], selected: Optional[Sequence[str]],
-              baselines: Mapping[Optional[str], Baseline], interrupted: bool,
+              baselines: Mapping[Optional[str], Baseline], interrupted: Union[bool, str],
               episodes: Optional[EpisodeInput] = None, episode_checks: Sequence[EpisodeRecord] = ()) -> RunResult:
     """The verdict of every target and of the session. ``records`` are keyed by ``record_key``;
-    ``selected`` holds the record keys of the probe items selected to run (None: all)."""
+    ``selected`` holds the record keys of the probe items selected to run (None: all); ``interrupted``
+    may be the text of the verdict saying how the run was interrupted."""
     chosen = set(selected) if selected is not None else None
     chosen_episodes = set(episodes.selected) if episodes is not None and episodes.selected is not None else None
     results = []
@@ -272,6 +292,8 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
             mine_all: List[Union[ProbeRecord, EpisodeRecord]] = [*mine, *emine]
         else:
             mine_all = list(mine)
+        if settings.record:
+            gates.append(record_gate(tally, episode_result.tally if episode_result is not None else None))
         verdict = judge(tally, settings.min_valid, interrupted, gates or None,
                         placement_problem(mine_all + own_checks),
                         episode_result.tally if episode_result is not None else None)

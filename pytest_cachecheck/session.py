@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
-from .errors import ConfigError, RequestError, ServerSetupError
+from .errors import ConfigError, ModelChoiceError, RequestError, ServerSetupError
 from .model import Outcome, ProbeSet, record_key
 from .probes import Probe, ProbeFileError, builtin_probes, load_probes, probe_set_fingerprint
 from .redact import Redactor
-from .settings import Settings, resolve
+from .settings import Settings, check_outputs, resolve
 
 if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
     from .baseline import Baseline
@@ -43,6 +43,8 @@ class CheckSession:
             self.episode_set = ProbeSet(label, len(self.episodes), episode_set_fingerprint(self.episodes))
         self.baselines = baselines
         self.served = served
+        #: "<probe|episode>@<target>" -> baseline_different(...), as a worker's controller found it
+        self.known_different: Optional[Dict[str, Dict[str, str]]] = None
         self.redactor = Redactor()
         for _, url in settings.targets:
             self.redactor.add_url(url)
@@ -69,6 +71,8 @@ class CheckSession:
     def baseline_different(self, target: Optional[str], episodes: bool = False) -> Dict[str, str]:
         """id -> conversation fingerprint of the probes (or episodes) that differed in the target's
         baseline."""
+        if self.known_different is not None:
+            return self.known_different.get(f"{'episode' if episodes else 'probe'}@{target}", {})
         baseline = self.baselines.get(target)
         if baseline is None:
             return {}
@@ -76,7 +80,16 @@ class CheckSession:
         return {r.id: r.fingerprint for r in records if r.outcome == Outcome.DIFFERENT}
 
     def prepare(self, *, send: bool) -> Dict[Optional[str], Optional[str]]:
-        """Resolve (and, with ``send``, check) every target's server setup; target -> error text or None."""
+        """Resolve (and, with ``send``, check) every target's server setup; target -> error text or None.
+        Raises ConfigError when a server does not serve the model asked for (or serves several and none was
+        chosen): the option is wrong, whatever the server does."""
+        for name, runner in self.runners.items():  # first what each server is, sending nothing that generates
+            try:
+                runner.prepare(send=False)
+            except ModelChoiceError as exc:
+                raise ConfigError((f"target {name}: " if name is not None else "") + str(exc)) from None
+            except (RequestError, ServerSetupError):
+                pass  # the runner keeps it and raises it again below
         errors: Dict[Optional[str], Optional[str]] = {}
         for name, runner in self.runners.items():
             try:
@@ -97,11 +110,18 @@ class CheckSession:
 
 def open_session(raw: Dict[str, Any], base_dir: Path, *, served_url: Optional[str] = None,
                  start_server: Optional[Callable[[str, Optional[str]], "Served"]] = None,
-                 own_replica: Callable[[Settings], Settings] = lambda s: s) -> Optional[CheckSession]:
+                 own_replica: Callable[[Settings], Settings] = lambda s: s,
+                 other_outputs: Optional[Mapping[str, Optional[str]]] = None,
+                 probes: Optional[List[Probe]] = None,
+                 baseline_different: Optional[Dict[str, Dict[str, str]]] = None,
+                 episodes: Optional[List["Episode"]] = None) -> Optional[CheckSession]:
     """The session for these raw option values (command line over ini over environment), or None when
     no server is given (the plugin stays off). ``served_url``: the server the controller started, on a
     worker; ``start_server``: how the controller starts ``--cachecheck-serve``'s server, once all else is
-    valid. Raises ConfigError."""
+    valid; ``other_outputs``: files other plugins write, by option (no output may be another's file);
+    ``probes`` and ``baseline_different``: what a worker's controller read from the probe files and the
+    baseline (a worker may not be able to read them again: a pipe is the controller's), instead of the
+    files. Raises ConfigError."""
     serving = bool(raw.get("serve"))
     if serving:
         if raw.get("url") or raw.get("nocache_url") or raw.get("target"):
@@ -115,30 +135,33 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, served_url: Optional[st
     settings = resolve(raw, base_dir=base_dir)
     if settings is None:
         return None
+    check_outputs(settings, other_outputs or {})
     settings = own_replica(settings)
     try:
-        probes = load_probes(settings.probe_files) if settings.probe_files else builtin_probes()
+        if probes is None:
+            probes = load_probes(settings.probe_files) if settings.probe_files else builtin_probes()
     except ProbeFileError as exc:
         raise ConfigError(f"--cachecheck-probes: bad probe file: {exc}") from None
     if settings.n is not None:
         probes = probes[: settings.n]
     name = "builtin" if not settings.probe_files else "+".join(Path(p).name for p in settings.probe_files)
     probe_set = ProbeSet(name, len(probes), probe_set_fingerprint(probes))
-    episodes = None
-    if settings.episode_files:
+    if settings.episode_files and episodes is None:
         from .episodes import load_episodes
 
         try:
             episodes = load_episodes(settings.episode_files)
         except ProbeFileError as exc:
             raise ConfigError(f"--cachecheck-episodes: bad episode file: {exc}") from None
-    baselines = _baselines(settings)
+    baselines = _baselines(settings) if baseline_different is None else {}
     served = None
     if serving and start_server is not None:
         assert settings.serve is not None
         served = start_server(settings.serve, settings.server_args)
         settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))
-    return CheckSession(settings, probes, probe_set, baselines, served, episodes)
+    session = CheckSession(settings, probes, probe_set, baselines, served, episodes)
+    session.known_different = baseline_different
+    return session
 
 
 def _baselines(settings: Settings) -> Dict[Optional[str], "Baseline"]:

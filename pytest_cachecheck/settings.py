@@ -11,11 +11,12 @@ import dataclasses
 import math
 import os
 import re
+import shlex
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
 from .redact import MIN_SECRET, ambiguous_url, display_url, split_credentials
@@ -80,6 +81,10 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                metavar="PATH"),
     OptionSpec("baseline", "--cachecheck-baseline",
                "compare with an earlier JSON report (probes paired by id)", metavar="PATH"),
+    OptionSpec("record", "--cachecheck-record",
+               "record a baseline: write the JSON report to PATH; divergences are then expected failures, "
+               "and the run passes when the measurement can be trusted (enough valid probes, no errors)",
+               metavar="PATH"),
     OptionSpec("fail_on", "--cachecheck-fail-on",
                "with a baseline, when the session fails: new-divergence (default), rate-increase or never",
                metavar="POLICY"),
@@ -96,7 +101,9 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                "start llama-server for the run with this model (a .gguf file, or 'demo' for a tiny "
                "random-weight model) instead of giving --cachecheck-url", metavar="MODEL"),
     OptionSpec("server_args", "--cachecheck-server-args",
-               "extra llama-server flags for --cachecheck-serve, as one quoted string", metavar="ARGS"),
+               "extra llama-server flags for --cachecheck-serve, as one quoted string joined with '=' "
+               "(--cachecheck-server-args='-c 8192': a separate value starting with '-' reads as an option)",
+               metavar="ARGS"),
     OptionSpec("timeout", "--cachecheck-timeout",
                f"a deadline in seconds for each whole request (default {DEFAULT_TIMEOUT:g})",
                metavar="SECONDS"),
@@ -105,6 +112,8 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                metavar="FRACTION"),
 )
 SPECS: Dict[str, OptionSpec] = {o.name: o for o in OPTIONS}
+#: options whose values are paths: in the ini file relative to its folder, as pytest's own ini paths
+PATH_OPTIONS = ("probes", "episodes", "report", "html", "baseline", "record")
 
 
 @dataclass(frozen=True)
@@ -133,8 +142,10 @@ class Settings:
     baseline: Optional[str] = None
     fail_on: str = "new-divergence"
     max_rate: Optional[float] = None
+    record: bool = False  # --cachecheck-record: ``report`` is a baseline being recorded
     logprobs: bool = True
     hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
+    notes: Tuple[str, ...] = ()  # what the plugin made of the values given, for the header
 
     def __repr__(self) -> str:
         """Like the generated one, with every URL as :func:`display_url` shows it and no key (a traceback
@@ -150,7 +161,8 @@ class Settings:
     @property
     def gated(self) -> bool:
         """Whether the session verdict, not each divergent item, decides about divergences."""
-        return self.max_rate is not None or (self.baseline is not None and self.fail_on != "new-divergence")
+        return self.record or self.max_rate is not None or (self.baseline is not None
+                                                            and self.fail_on != "new-divergence")
 
     def public(self) -> Dict[str, Any]:
         """The settings as they may appear in a report: URLs without credentials, never the key."""
@@ -172,6 +184,7 @@ class Settings:
             "baseline": self.baseline,
             "fail_on": self.fail_on,
             "max_rate": self.max_rate,
+            "record": self.record,
             "logprobs": self.logprobs,
             "serve": self.serve if self.serve in (None, "demo") else Path(self.serve).name,
             "server_args": self.server_args,
@@ -229,7 +242,37 @@ def _url(name: str, value: str) -> str:
     problem = _url_problem(value.strip())
     if problem:
         raise _bad(name, value, problem)
-    return value.strip().rstrip("/")
+    return _without_v1(value.strip().rstrip("/"))
+
+
+def _without_v1(url: str) -> str:
+    """The server's root for an OpenAI client's base URL (``http://host:8000/v1``): the plugin asks for
+    ``/v1/chat/completions`` (and root endpoints such as ``/metrics``) itself."""
+    parts = urlsplit(url)
+    path = parts.path.rstrip("/")
+    if not path.endswith("/v1"):
+        return url
+    return urlunsplit(parts._replace(path=path[:-3])).rstrip("/")
+
+
+def _v1_notes(raw: Mapping[str, Any], targets: Sequence[Tuple[str, str]]) -> Tuple[str, ...]:
+    """A note for each URL given with /v1 at its end, which the plugin took off."""
+    urls = raw.get("url") or []
+    given = [("--cachecheck-url", str(u).strip()) for u in (urls.split() if isinstance(urls, str) else urls)]
+    if raw.get("nocache_url"):
+        given.append(("--cachecheck-nocache-url", str(raw["nocache_url"]).strip()))
+    if targets:
+        entries = raw["target"].split() if isinstance(raw["target"], str) else [str(v) for v in raw["target"]]
+        given = [(f"--cachecheck-target {e.strip().partition('=')[0]}=", e.strip().partition("=")[2].strip())
+                 for e in entries]
+    notes = []
+    for flag, url in given:
+        root = _without_v1(url.rstrip("/"))
+        if root != url.rstrip("/"):
+            sep = "" if flag.endswith("=") else " "
+            notes.append(f"{flag}{sep}{display_url(url)} ends in /v1 (an OpenAI client's base URL); the "
+                         f"plugin uses the server's root {display_url(root)} and asks for /v1/... itself")
+    return tuple(notes)
 
 
 def _api_key(value: Any) -> Optional[str]:
@@ -309,6 +352,21 @@ class RawOptions(Dict[str, Any]):
         return "RawOptions(given: " + ", ".join(k for k, v in self.items() if v is not None) + ")"
 
 
+def ini_paths(name: str, value: Any, base: Path) -> Any:
+    """An ini value of a path option with its relative paths made relative to ``base`` (the ini file's
+    folder); other values as they are. A ``~`` path is left for the settings to expand."""
+    if name not in PATH_OPTIONS or value in (None, "", []):
+        return value
+
+    def one(path: str) -> str:
+        text = str(path).strip()
+        if not text or text == "builtin" or text.startswith("~") or Path(text).is_absolute():
+            return text  # "builtin": the episode set that ships with the plugin
+        return str(base / text)
+
+    return [one(v) for v in value] if isinstance(value, list) else one(value)
+
+
 def lookup(cli: Getter, ini: Getter, env: Mapping[str, str]) -> Dict[str, Any]:
     """Raw values by precedence: command line, ini, environment. ``None`` where nothing was given."""
     raw: Dict[str, Any] = RawOptions()
@@ -318,7 +376,7 @@ def lookup(cli: Getter, ini: Getter, env: Mapping[str, str]) -> Dict[str, Any]:
             value = ini(spec.name)
             if isinstance(value, str) and value.strip() == "":
                 value = None
-            if value in ([], False):
+            if value is False or value == []:  # not `in`: a TOML 0 equals False
                 value = None
         if value is None and spec.env:
             value = env.get(spec.env) or None
@@ -420,12 +478,25 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         raise _bad("fail_on", fail_on, "one of " + ", ".join(FAIL_POLICIES))
     if raw.get("fail_on") and not raw.get("baseline"):
         raise ConfigError("--cachecheck-fail-on goes with --cachecheck-baseline PATH")
+    record = raw.get("record")
+    if record is not None and not str(record).strip():
+        raise _bad("record", record, "a file path, not an empty value")
+    if record:
+        if report:
+            raise ConfigError("--cachecheck-record writes the JSON report itself; it conflicts with "
+                              "--cachecheck-report (ini cachecheck_report)")
+        for name in ("baseline", "max_rate"):
+            if raw.get(name) is not None:
+                raise ConfigError(f"--cachecheck-record records a baseline, where divergences do not fail "
+                                  f"the run; it conflicts with {SPECS[name].flag} (ini {SPECS[name].ini})")
+        report = _writable_report(str(record), base_dir, "record")
     baseline = raw.get("baseline")
     if baseline:
         bpath = Path(str(baseline)).expanduser()
         baseline = str(bpath if bpath.is_absolute() else base_dir / bpath)
     html = raw.get("html")
     return Settings(
+        notes=_v1_notes(raw, targets),
         html=_writable_report(str(html), base_dir, "html") if html else None,
         baseline=baseline or None,
         fail_on=fail_on,
@@ -448,7 +519,8 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         hit_tolerance=_int("hit_tolerance", raw["hit_tolerance"], 0, 1_000_000)
         if raw.get("hit_tolerance") is not None else DEFAULT_TOLERANCE,
         skip_hit_check=skip,
-        report=_writable_report(str(report), base_dir) if report else None,
+        report=(report if record else _writable_report(str(report), base_dir)) if report else None,
+        record=bool(record),
         api_key=_api_key(api_key),
         timeout=_float("timeout", raw["timeout"], 0.0, 86400.0, low_open=True)
         if raw.get("timeout") is not None else DEFAULT_TIMEOUT,
@@ -474,7 +546,7 @@ def _targets(value: Any) -> Tuple[Tuple[str, str], ...]:
         problem = _url_problem(url.strip())
         if problem:
             raise _bad("target", entry, f"NAME=URL with {problem}")
-        url = url.strip().rstrip("/")
+        url = _without_v1(url.strip().rstrip("/"))
         if any(n == name for n, _ in out):
             raise _bad("target", entry, f"a different name for each target ({name!r} is given twice)")
         if any(u == url for _, u in out):
@@ -512,3 +584,60 @@ def reproduce_args(settings: Settings) -> Sequence[str]:
     if not settings.logprobs:
         args.append("--cachecheck-no-logprobs")
     return args
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links
+    except OSError:
+        return False
+
+
+def check_outputs(settings: Settings, others: Mapping[str, Optional[str]]) -> None:
+    """Refuse an output file that is also an input, or another output (``others``: other plugins' outputs
+    by option, e.g. ``--junitxml``), comparing real paths with symlinks resolved. Raises ConfigError."""
+
+    def name(key: str) -> str:
+        return f"{SPECS[key].flag} (ini {SPECS[key].ini})" if key in SPECS else key
+
+    outputs = [("report", settings.report), ("html", settings.html)] + list(others.items())
+    inputs = [("probes", p) for p in settings.probe_files] + [("baseline", settings.baseline)]
+    inputs += [("episodes", p) for p in settings.episode_files if p != "builtin"]
+    for i, (output, path) in enumerate(outputs):
+        for other, other_path in outputs[i + 1:] + inputs:
+            if path and other_path and _same_file(path, other_path):
+                what = ("the output would overwrite the input" if (other, other_path) in inputs
+                        else "one output would overwrite the other")
+                raise ConfigError(f"{name(output)} and {name(other)} name the same file ({path}): {what}; "
+                                  f"give each output a file of its own")
+
+
+def server_args_mistake(argv: Sequence[str]) -> Optional[str]:
+    """The usage error for ``--cachecheck-server-args "-c 8192"``: a separate value starting with '-' reads
+    as an option of pytest's own (``-c`` its config file, ``-n`` xdist's), and argparse fails before any
+    hook of the plugin runs, so the command line is read here, as the plugin registers its options."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--cachecheck-server-args" and value.startswith("-"):
+            return (f"cachecheck: --cachecheck-server-args: the value {value!r} starts with '-', so pytest "
+                    f"reads it as an option of its own; write it with '=': "
+                    f"--cachecheck-server-args={shlex.quote(value)}")
+    return None
+
+
+def native_toml_table(path: Optional[Path]) -> Any:
+    """``[tool.pytest]`` of a pyproject.toml, ``[pytest]`` of a pytest.toml; None when there is none."""
+    if path is None or path.suffix != ".toml":
+        return None
+    try:
+        try:
+            import tomllib
+        except ImportError:  # Python < 3.11, where pytest itself reads TOML with tomli
+            import tomli as tomllib  # type: ignore[no-redef]
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except (ImportError, OSError, ValueError):
+        return None
+    table = data.get("tool", {}).get("pytest") if path.name == "pyproject.toml" else data.get("pytest")
+    return table if isinstance(table, dict) else None

@@ -14,7 +14,7 @@ from .redact import display_url
 from .session import CheckSession
 from .settings import reproduce_args
 from .stats import format_p
-from .text import printable
+from .text import counted, printable
 
 
 @dataclass
@@ -30,10 +30,15 @@ class Sep:
 
 
 Out = Union[Line, Sep]
+#: the most rows of a comparison table printed (the JSON report and the HTML page hold every row)
+TABLE_ROWS = 50
 
 
 def divergence_line(t: Tally) -> str:
-    return f"{t.different} of {t.valid} valid probes gave a different turn-2 answer on the cache path."
+    if not t.valid:
+        return "no valid probe: no turn-2 answers could be compared."
+    return (f"{t.different} of {counted(t.valid, 'valid probe')} gave a different turn-2 answer on the cache "
+            f"path.")
 
 
 def rate_line(t: Tally) -> Optional[str]:
@@ -41,7 +46,8 @@ def rate_line(t: Tally) -> Optional[str]:
     if rate is None:
         return None
     lo, hi = rate.ci95
-    return f"divergence rate {rate.value:.1%} (95% Wilson interval {lo:.1%} to {hi:.1%}, {t.valid} valid probes)"
+    return (f"divergence rate {rate.value:.1%} (95% Wilson interval {lo:.1%} to {hi:.1%}, "
+            f"{counted(t.valid, 'valid probe')})")
 
 
 # -- the header ---------------------------------------------------------------------------------------------
@@ -49,7 +55,7 @@ def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[
     """The plugin's lines in pytest's header: servers, the setup of each, the probes, how to reproduce.
     ``setup_errors``: target -> why its setup is not usable; a target missing from it was not contacted."""
     s = session.settings
-    lines = []
+    lines = [f"cachecheck: note: {note}" for note in s.notes]
     if len(s.replicas) > 1:
         lines.append(f"cachecheck: {len(s.replicas)} servers given: with -n N each xdist worker owns one; "
                      f"without -n only the first is used")
@@ -61,39 +67,56 @@ def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[
         what = ("the demo model: tiny, RANDOM weights generated on this machine, so its answers are word "
                 "salad; the prompt cache it exercises is real" if served.demo else served.model.name)
         lines.append(f"cachecheck: serving {what}")
+        if served.demo:
+            lines.append("cachecheck: expect the demo to end red: on random weights the cache path and the "
+                         "recompute path part ways on some probes (failed items, verdict FAIL); that is the "
+                         "measurement working, not a fault of your setup")
         lines.append(f"cachecheck: llama-server at {served.server.url}, log {served.server.log_path}")
+    tolerances = set()
     for name, runner in session.runners.items():
         label = "cachecheck: " + (f"target {name}: " if name is not None else "")
-        error = setup_errors.get(name, "not contacted (--collect-only)")
+        error = setup_errors.get(name, NOT_CONTACTED)
+        setup = runner.setup if not error else None
+        tolerances.add(setup.tolerance(s.hit_tolerance) if setup is not None else s.hit_tolerance)
         lines += [printable(session.redactor.scrub(line), 4000)
-                  for line in setup_line(label, s.mode, runner.setup if not error else None, error)]
-    lines += [f"cachecheck: {len(session.probes)} probes ({session.probe_set.name}) | max_tokens {s.max_tokens} "
-              f"| hit_tolerance {s.hit_tolerance}",
+                  for line in setup_line(label, s.mode, setup, error, s.hit_tolerance)]
+    tolerance = str(tolerances.pop()) if len(tolerances) == 1 else "per target (see above)"
+    lines += [f"cachecheck: {counted(len(session.probes), 'probe')} ({session.probe_set.name}) | max_tokens "
+              f"{s.max_tokens} | hit_tolerance {tolerance}",
               "cachecheck: reproduce with: pytest " + session.redactor.scrub(" ".join(reproduce_args(s)))]
     return lines
 
 
-def setup_line(label: str, configured_mode: str, setup: Optional[Any], error: Optional[str]) -> List[str]:
+NOT_CONTACTED = "not contacted (--collect-only)"
+
+
+def setup_line(label: str, configured_mode: str, setup: Optional[Any], error: Optional[str],
+               configured_tolerance: Optional[int] = None) -> List[str]:
     """Header lines for one target: mode, server, model, a raised tolerance and setup warnings.
     ``setup`` is the resolved ``servers.ServerSetup`` (None with ``error``)."""
     if setup is None:
+        if error == NOT_CONTACTED:
+            return [f"{label}mode {configured_mode} | server {error}"]
         return [f"{label}mode {configured_mode} | server not usable: {error}"]
     server = setup.cache.info
     how = " (auto-detected)" if configured_mode == "auto" else ""
     desc = (f"{label}mode {setup.mode}{how} | server {server.kind} {shown(server.build or '')} | model "
             f"{shown(server.model or '?')}")
     if setup.hit_tolerance is not None:
-        desc += (f" | hit_tolerance raised to {setup.hit_tolerance} for the server's {setup.hit_tolerance + 1}-token "
-                 f"cache blocks")
+        desc += (f" | hit_tolerance {setup.hit_tolerance} (raised"
+                 + (f" from {configured_tolerance}" if configured_tolerance is not None else "")
+                 + f" for the server's {setup.hit_tolerance + 1}-token cache blocks)")
     return [desc] + [f"{label}warning: {w}" for w in setup.warnings]
 
 
 # -- the summary --------------------------------------------------------------------------------------------
 def comparison_lines(c: Comparison, verbose: bool = False) -> List[str]:
-    """A table (id, before, after, status), most important first, then the verdict, the rates and the
-    environment notes and warnings. Unless ``verbose``, "still same" rows are folded into one line."""
-    shown = [r for r in c.rows if verbose or r.status != STILL_SAME]
-    folded = len(c.rows) - len(shown)
+    """A table (id, before, after, status), most important first and at most TABLE_ROWS rows, then the
+    verdict, the rates and the environment notes and warnings. Unless ``verbose``, "still same" rows are
+    folded into one line."""
+    listed = [r for r in c.rows if verbose or r.status != STILL_SAME]
+    folded = len(c.rows) - len(listed)
+    shown = listed[:TABLE_ROWS]
     title = "comparison with the baseline"
     if c.baseline_created:
         title += f" of {c.baseline_created}"
@@ -107,8 +130,10 @@ def comparison_lines(c: Comparison, verbose: bool = False) -> List[str]:
             ident = r.id if len(r.id) <= w_id else r.id[:w_id - 3] + "..."
             before, after = r.before or "-", r.after or "-"
             out.append(f"  {ident:<{w_id}}  {before:<{w_b}}  {after:<{w_a}}  {r.status}")
+        if len(listed) > len(shown):
+            out.append(f"  ... and {len(listed) - len(shown)} more (see the JSON report)")
     if folded:
-        out.append(f"  ({folded} probe(s) still same" + ("" if verbose else "; -v lists them") + ")")
+        out.append(f"  ({counted(folded, 'probe')} still same" + ("" if verbose else "; -v lists them") + ")")
     if not c.rows:
         out.append("  (no probes in either run)")
     out.append("counts: " + " | ".join(f"{s} {n}" for s, n in c.counts.items() if n))
@@ -255,10 +280,11 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
                 out.append(Line(rate))
         out += _target_lines(t, "", baseline_path, verbose)
         out += _episode_lines(t, "", baseline_path, verbose)
-    if total:
+    if total or not verdict.ok:  # an interrupted run says so even before its first probe
         word = "PASS" if verdict.ok else "FAIL"
         out.append(Line(f"cachecheck verdict: {word} ({verdict.status}): {verdict.why}",
                         {"green": verdict.ok, "red": not verdict.ok}))
+    if total:
         out.append(Sep("-", "cachecheck result (to share: no URL, key or conversation text)"))
         for t in report.targets:
             prefix = f"[{t.name}] " if report.matrix else ""
@@ -276,4 +302,9 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
                 rate = trajectory_rate_line(e)
                 if rate:
                     out.append(Line(prefix + rate))
+    if any((t.served or {}).get("demo") for t in report.targets):
+        out.append(Line("cachecheck: that was the demo (random weights: its divergences say nothing "
+                        "about real models); measure your own server with: "
+                        "pytest --cachecheck-url http://HOST:PORT",
+                        {"bold": True}))
     return out

@@ -55,3 +55,8 @@ def printable(text: str, limit: int = 200) -> str:
         room -= len(escaped)
         pos = match.end()
     return "".join(out)
+
+
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """``n`` and the noun in the right number: ``1 probe``, ``2 probes``, ``0 probes``."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"

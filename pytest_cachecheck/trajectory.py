@@ -48,7 +48,7 @@ def measure_episode(runner: Runner, episode: Episode) -> EpisodeRecord:
         want = parted if parted is not None and runner.settings.logprobs else None
         _walk(runner, setup.cache, episode, "cache-2", _cache_fields(setup), want, record, logprobs)
         _walk(runner, recompute_client, episode, "recompute-2", scratch, want, record, logprobs)
-        _judge(setup, record, logprobs, runner.settings.skip_hit_check)
+        _judge(setup, record, logprobs, runner.settings.skip_hit_check, episode)
     except (RequestError, ServerSetupError) as exc:
         record.outcome = Outcome.ERROR
         record.reason = runner.redactor.scrub(str(exc))
@@ -122,9 +122,32 @@ def _parting_step(a: Path, b: Path) -> Optional[int]:
     return None
 
 
-def _judge(setup: ServerSetup, record: EpisodeRecord, logprobs: Dict[str, Any], skip_hit_check: bool) -> None:
+def _ignored_calls(episode: Episode, record: EpisodeRecord) -> List[str]:
+    """Steps whose ``tool_choice`` demanded a call ("required", or a named tool) answered without one: the
+    server ignores the tools (llama-server does so without ``--jinja``), so the episode is not the one the
+    file describes."""
+    found = []
+    for p in record.paths:
+        for st in p.steps:
+            choice = episode.choice(st.step)
+            if choice is not None and choice not in ("auto", "none") and not st.tool_calls:
+                shown = choice if isinstance(choice, str) else choice["function"]["name"]
+                found.append(f"{p.name} step {st.step} (tool_choice {shown!r})")
+    return found
+
+
+def _judge(setup: ServerSetup, record: EpisodeRecord, logprobs: Dict[str, Any], skip_hit_check: bool,
+           episode: Optional[Episode] = None) -> None:
     paths = {p.name: p for p in record.paths}
     problems: List[str] = []
+    ignored = _ignored_calls(episode, record) if episode is not None else []
+    if ignored:
+        record.outcome = Outcome.INCONCLUSIVE
+        record.reason = ("inconclusive: a step that demanded a tool call was answered without one, so the server "
+                         "ignores the tools (llama-server needs --jinja, and a chat template that knows tools): "
+                         + "; ".join(ignored[:MAX_SHOWN_PROBLEMS])
+                         + (f" and {len(ignored) - MAX_SHOWN_PROBLEMS} more" if ignored[MAX_SHOWN_PROBLEMS:] else ""))
+        return
     impossible = [f"{p.name} step {st.step}: {', '.join(found)}" for p in record.paths for st in p.steps
                   for found in [impossible_counts(st)] if found]
     if impossible:
@@ -160,8 +183,10 @@ def _judge(setup: ServerSetup, record: EpisodeRecord, logprobs: Dict[str, Any], 
                                 f"{prev.step} differently from the tokens the model generated")
                 problems.append(problem)
             elif cached <= prev.prompt_tokens:
+                empty = "" if prev.content or prev.tool_calls else (
+                    f"; step {prev.step}'s answer was empty, so no answer token could be reused")
                 problems.append(f"{name} step {cur.step}: cache hit was {cached} tokens, not past step {prev.step}'s "
-                                f"prompt ({prev.prompt_tokens} tokens){after_call}")
+                                f"prompt ({prev.prompt_tokens} tokens){after_call}{empty}")
     for name in ("recompute-1", "recompute-2"):
         for st in paths[name].steps:
             if st.cached_tokens:

@@ -393,7 +393,7 @@ def test_report_without_summary_loads() -> None:
 def test_should_fail_new_divergence() -> None:
     c = cmp([rec("a", "same"), rec("b", "different")], [rec("a", "different"), rec("b", "same")])
     fail, why = should_fail(c, "new-divergence")
-    assert fail and "1 probe(s) newly diverged against the baseline: a" == why
+    assert fail and "1 probe newly diverged against the baseline: a" == why
     assert should_fail(c) == (fail, why)  # the default policy
     fail, why = should_fail(cmp([rec("a", "different")], [rec("a", "different")]), "new-divergence")
     assert not fail and "no probe newly diverged" in why  # a known divergence is not a new one
@@ -402,7 +402,7 @@ def test_should_fail_new_divergence() -> None:
 def test_should_fail_new_divergence_lists_at_most_ten() -> None:
     c = cmp([rec(f"p{i:02}", "same") for i in range(12)], [rec(f"p{i:02}", "different") for i in range(12)])
     fail, why = should_fail(c, "new-divergence")
-    assert fail and why.startswith("12 probe(s)") and why.endswith("and 2 more")
+    assert fail and why.startswith("12 probes newly diverged") and why.endswith("and 2 more")
 
 
 def test_should_fail_rate_increase() -> None:
@@ -438,7 +438,7 @@ def test_lines_and_to_json() -> None:
     c = cmp(before, after)
     text = "\n".join(comparison_lines(c))
     assert "newly diverged" in text and "still different" in text and "not run" in text
-    assert "(1 probe(s) still same; -v lists them)" in text
+    assert "(1 probe still same; -v lists them)" in text
     assert "baseline verdict: regressed (1 newly diverged vs 0 healed" in text
     assert "exact McNemar p = 1.000" in text
     assert "divergence rate: baseline 25.0% (1/4" in text

@@ -119,9 +119,9 @@ def check_llama_cpp_run(run: Run) -> None:
     assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, run.out[-4000:]
     assert len(run.data["probes"]) == 20
     different = counts.get("different", 0)
-    assert f"{counts.get('same', 0)} passed" in run.out
+    assert f"{counts.get('same', 0) + (not different)} passed" in run.out  # and the gate, if no divergence
     if different:
-        assert f"{different} failed" in run.out
+        assert f"{different + 1} failed" in run.out  # and the gate, with the verdict
     assert run.ret == (1 if different else 0)
     assert f"{different} of 20 valid probes gave a different turn-2 answer on the cache path." in run.out
     assert run.data["mode"] == "llama.cpp" and run.data["server"]["kind"] == "llama.cpp"
@@ -195,7 +195,7 @@ def test_both_caches_off_control(plugin_run, llama_servers):
     assert run.counts() == {"same": 20}, run.out[-4000:]
     for probe in run.data["probes"]:
         assert all(r["cached_tokens"] == 0 for r in probe["requests"])  # really no cache anywhere
-    assert run.ret == 0 and "20 passed" in run.out
+    assert run.ret == 0 and "21 passed" in run.out  # and the gate
 
 
 def test_two_urls_reaching_one_server(plugin_run, llama_servers):
@@ -318,3 +318,90 @@ def test_target_matrix_f32_and_q4_0(plugin_run, llama_servers):
     assert "McNemar p =" in lines[2]
     different = sum(t["summary"]["different"] for t in matrix.data["targets"])
     assert matrix.ret == (1 if different else 0)
+
+
+# -- episodes: whole trajectories on real llama-servers ---------------------------------------------------------
+#: the plain built-in episodes (multi-turn chats) run on the demo model; a tool episode rides along on the
+#: F32 run, where the demo server (no --jinja) ignores tools: it must come out inconclusive, naming why
+PLAIN_EPISODES = ("garden-plan", "bread-troubleshoot", "trip-to-lisbon", "learn-chess", "budget-month",
+                  "running-plan", "explain-tides", "write-cover-letter", "home-energy", "debug-python")
+TOOL_EPISODES = ("weather-walk",)
+EPISODE_TOKENS = "--cachecheck-max-tokens=64"  # 64 tokens a step, as the study's harness
+
+
+def episode_args(ids: Tuple[str, ...]) -> Tuple[str, ...]:
+    # min-valid 0.5: the two tool episodes are inconclusive on purpose, and an empty answer (the end token
+    # first) leaves a step with nothing for the next hit to reach into
+    return ("--cachecheck-episodes=builtin", "-k", " or ".join(ids + ("gate",)), EPISODE_TOKENS,
+            "--cachecheck-min-valid=0.5")
+
+
+def episode_figures(run: Run, label: str) -> None:
+    s = run.data["episode_summary"]
+    firsts = [e["parting"]["step"] for e in run.data["episodes"] if e["outcome"] == "different"]
+    print(f"\nMEASURED episodes, {label}: trajectories changed {s['changed']} of {s['valid']} valid "
+          f"({s['inconclusive']} inconclusive, {s['errors']} errors); first parting steps {sorted(firsts)}; "
+          f"changed {[e['id'] for e in run.data['episodes'] if e['outcome'] == 'different']}")
+
+
+def check_episode_hits(episode: Dict[str, Any], tolerance: int) -> None:
+    """Every cache-path step after the first reused the previous step's prompt and answer (llama-server:
+    exactly prompt + answer - 1), every recompute step and every first step reused nothing."""
+    for path in episode["paths"]:
+        steps = path["steps"]
+        where = (episode["id"], path["path"])
+        if path["path"].startswith("recompute"):
+            assert all(s["cached_tokens"] == 0 for s in steps), where
+            continue
+        assert steps[0]["cached_tokens"] == 0, where
+        for prev, cur in zip(steps, steps[1:]):
+            full = prev["prompt_tokens"] + prev["completion_tokens"] - 1
+            assert full - tolerance <= cur["cached_tokens"] <= full, (*where, cur["step"])
+            assert cur["cached_tokens"] > prev["prompt_tokens"], (*where, cur["step"])
+
+
+@pytest.mark.parametrize("ftype", ["f32", "q4_0"])
+def test_builtin_episodes_on_llama_server(plugin_run, llama_servers, ftype):
+    """The built-in plain episodes, each path feeding its own answers forward through 4-6 user turns: one
+    item per episode with a real outcome, the parting step of every changed trajectory, the rate."""
+    ids = PLAIN_EPISODES + (TOOL_EPISODES if ftype == "f32" else ())
+    run = plugin_run(f"--cachecheck-url={llama_servers(ftype).url}", *episode_args(ids))
+    episode_figures(run, f"tiny {ftype}, plain episodes, 64 tokens a step")
+    episodes = {e["id"]: e for e in run.data["episodes"]}
+    assert sorted(episodes) == sorted(ids) and run.data["probes"] == [], run.out[-3000:]
+    for eid in TOOL_EPISODES if ftype == "f32" else ():
+        e = episodes.pop(eid)
+        assert e["outcome"] == "inconclusive" and "the server ignores the tools" in e["reason"], e["reason"]
+    outcomes = [e["outcome"] for e in episodes.values()]
+    assert "error" not in outcomes, run.out[-3000:]
+    assert outcomes.count("same") + outcomes.count("different") >= len(outcomes) // 2, run.out[-3000:]
+    for e in episodes.values():
+        if e["outcome"] == "inconclusive":
+            assert "step" in e["reason"] and e["reason"].startswith("inconclusive:"), e["reason"]
+            continue
+        check_episode_hits(e, e["hit_tolerance"])
+        assert all(len(p["steps"]) >= 4 for p in e["paths"]), e["id"]  # multi-turn: the user turns ran
+        if e["outcome"] == "different":
+            parting = e["parting"]
+            assert parting["step"] >= 1 and parting["what"] == "text"  # no tools in these episodes
+            assert f"episode[{e['id']}]" in run.out and f"parted at step {parting['step']}" in run.out
+    s = run.data["episode_summary"]
+    assert s["valid"] == outcomes.count("same") + outcomes.count("different")
+    assert s["changed"] == outcomes.count("different")
+    different = outcomes.count("different")
+    assert f"{different} of {s['valid']} valid episodes took a different trajectory" in run.out
+    assert "trajectory change rate" in run.out and "95% Wilson interval" in run.out
+    assert run.ret == (1 if different else 0)
+
+
+def test_episodes_both_caches_off_control(plugin_run, llama_servers):
+    """With the cache off on both servers, no trajectory may change: the control for the episode rate."""
+    first = llama_servers("f32", "--no-cache-prompt")
+    second = llama_servers("f32", "--no-cache-prompt", copy=1)
+    run = plugin_run(f"--cachecheck-url={first.url}", f"--cachecheck-nocache-url={second.url}",
+                     "--cachecheck-skip-hit-check", *episode_args(PLAIN_EPISODES[:6]))
+    episode_figures(run, "both caches off (control), tiny f32")
+    assert [e["outcome"] for e in run.data["episodes"]] == ["same"] * 6, run.out[-3000:]
+    for e in run.data["episodes"]:
+        assert all(s["cached_tokens"] == 0 for p in e["paths"] for s in p["steps"])  # really no cache
+    assert run.ret == 0

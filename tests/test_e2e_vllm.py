@@ -92,7 +92,7 @@ def check_valid_run(run: Run, n: int, block: int) -> None:
     assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, run.out[-4000:]
     assert len(run.data["probes"]) == n
     different = counts.get("different", 0)
-    assert f"{counts.get('same', 0)} passed" in run.out
+    assert f"{counts.get('same', 0) + (not different)} passed" in run.out  # and cachecheck::gate, if it passes
     assert run.ret == (1 if different else 0), run.out[-3000:]
     for probe in run.data["probes"]:
         check_hits(probe, block)
@@ -131,7 +131,8 @@ def test_one_server_mode_default_block(plugin_run, vllm_servers):
     assert server["kind"] == "vllm" and server["build"] == "0.32.0" and server["model"] == "tiny-qwen2"
     assert server["details"] == {"block_size": BLOCK, "enable_prefix_caching": True}
     assert "cachecheck: mode one-server (auto-detected) | server vllm 0.32.0 | model tiny-qwen2 | " \
-           "hit_tolerance raised to 127 for the server's 128-token cache blocks" in run.out
+           "hit_tolerance 127 (raised from 32 for the server's 128-token cache blocks)" in run.out
+    assert "| hit_tolerance 127\n" in run.out  # the tolerance in force, on the probes line too
     assert any(n.startswith("chat template: the turn-2 prompt repeats") for n in run.data["setup_checks"])
     assert run.data["setup_warnings"] == []
 
@@ -209,7 +210,7 @@ def test_two_servers_mode(plugin_run, vllm_servers):
     assert run.data["mode"] == "two-servers"
     assert run.data["nocache_server"]["details"] == {"block_size": BLOCK, "enable_prefix_caching": False}
     for probe in run.data["probes"]:
-        assert [r["server"] for r in probe["requests"]] == ["cache"] * 4 + ["nocache"] * 2
+        assert [r["server"] for r in probe["requests"]] == ["cache", "cache", "nocache"] * 2  # cache-1, recompute-1, cache-2, recompute-2
 
 
 def test_both_caches_off_control(plugin_run, vllm_servers):
@@ -222,7 +223,7 @@ def test_both_caches_off_control(plugin_run, vllm_servers):
     assert run.counts() == {"same": 6}, run.out[-4000:]
     for probe in run.data["probes"]:
         assert all(r["cached_tokens"] == 0 for r in probe["requests"])  # really no cache anywhere
-    assert run.ret == 0 and "6 passed" in run.out
+    assert run.ret == 0 and "7 passed" in run.out  # and cachecheck::gate
 
 
 @pytest.mark.parametrize("servers, extra, words", [

@@ -38,8 +38,9 @@ class SlotServer:
     ``tool_choice: required`` (or a named tool) answers with a call."""
 
     def __init__(self, diverge: Callable[[int, int], bool] = lambda step, cached: False,
-                 rerender_calls: bool = True, recompute_reuses: bool = False) -> None:
+                 rerender_calls: bool = True, recompute_reuses: bool = False, empty_at: int = 0) -> None:
         self.slot: List[str] = []
+        self.empty_at = empty_at  # the step whose answer is empty (only the end token)
         self.diverge = diverge
         self.rerender_calls = rerender_calls
         self.recompute_reuses = recompute_reuses
@@ -78,6 +79,8 @@ class SlotServer:
             reply = Reply("", "tool_calls", len(prompt), len(answer) + 1, cached, tool_calls=[(name, args)])
         else:
             answer = [WORDS[(seed >> (4 * i)) % len(WORDS)] for i in range(3 + seed % 4)]
+            if step == self.empty_at:
+                answer = []
             reply = Reply(" ".join(answer), "stop", len(prompt), len(answer) + 1, cached)
         if logprobs:
             reply.logprobs = [(t, -0.1, 0.05) for t in answer]  # both paths: 0.1 together, a near-tie
@@ -205,6 +208,32 @@ def test_a_tool_call_rendered_otherwise_is_inconclusive_with_that_reason():
     assert "re-renders the tool call of step 1 differently" in record.reason
 
 
+def test_a_hit_after_an_empty_answer_is_inconclusive_and_says_why():
+    """An empty answer (only the end of turn) leaves no answer token for the next step's hit to reach."""
+    record = measure_episode(runner(SlotServer(empty_at=1), hit_tolerance=0), episode())
+    assert record.outcome == Outcome.INCONCLUSIVE
+    assert "cache-1 step 2: cache hit was" in record.reason and "not past step 1's prompt" in record.reason
+    assert "step 1's answer was empty, so no answer token could be reused" in record.reason
+    ok = measure_episode(runner(SlotServer(empty_at=0), hit_tolerance=0), episode())
+    assert ok.outcome == Outcome.SAME and "empty" not in ok.reason
+
+
+def test_a_server_that_ignores_tools_makes_a_tool_episode_inconclusive():
+    """llama-server without --jinja answers a request with tools and tool_choice "required" with plain words:
+    the episode is then not the one the file describes, and must not count as a same trajectory."""
+    e = episode(tools=[WEATHER], tool_choice=["required", "auto"], tool_results={"get_weather": "sunny"})
+
+    class Deaf(SlotServer):
+        def chat(self, *a: Any, **k: Any) -> Reply:
+            return super().chat(*a, **{**k, "tools": None})
+
+    record = measure_episode(runner(Deaf()), e)
+    assert record.outcome == Outcome.INCONCLUSIVE
+    assert "answered without one, so the server ignores the tools" in record.reason
+    assert "cache-1 step 1 (tool_choice 'required')" in record.reason
+    assert measure_episode(runner(SlotServer()), e).outcome == Outcome.SAME  # the same episode, heard
+
+
 def test_recompute_reuse_and_errors():
     record = measure_episode(runner(SlotServer(recompute_reuses=True)), episode())
     assert record.outcome == Outcome.INCONCLUSIVE and "recompute-1 step 2 reused" in record.reason
@@ -227,7 +256,7 @@ def test_builtin_episodes_run_as_items_with_real_tool_calls(pytester, emulator):
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-episodes=builtin",
                                            "--cachecheck-n=1", "--cachecheck-report=r.json", "-p", "no:cacheprovider",
                                            "--cachecheck-hit-tolerance=0")
-    result.assert_outcomes(passed=21)
+    result.assert_outcomes(passed=22)  # 20 episodes, a probe, the gate
     assert result.ret == 0
     data = json.loads((pytester.path / "r.json").read_text())
     assert data["episode_set"]["count"] == 20 and len(data["episodes"]) == 20
@@ -248,16 +277,16 @@ def test_a_changed_trajectory_fails_and_a_baseline_gates_it(pytester, emulator):
     clean, flips = emulator(), emulator(diverge_on_hit={"balcony"})  # garden-plan's opening
     common = ["--cachecheck-episodes=builtin", "-k", "episode and (garden or bread)", "-p", "no:cacheprovider"]
     first = pytester.runpytest_subprocess(f"--cachecheck-url={clean.url}", *common, "--cachecheck-report=before.json")
-    first.assert_outcomes(passed=2)
+    first.assert_outcomes(passed=3)
     after = pytester.runpytest_subprocess(f"--cachecheck-url={flips.url}", *common, "--cachecheck-report=after.json",
                                           "--cachecheck-baseline=before.json")
-    after.assert_outcomes(passed=1, failed=1)
+    after.assert_outcomes(passed=1, failed=2)  # garden-plan and the gate
     assert after.ret == 1
     after.stdout.fnmatch_lines(["*episode[[]garden-plan[]]*", "*parted at step 2 (text)*",
                                 "1 of 2 valid episodes took a different trajectory on the cache path.",
                                 "first parting step: step 2: 1",
                                 "*baseline comparison of the episodes*", "*garden-plan*newly diverged*",
-                                "*FAIL (gate-failed): 1 episode(s) newly changed trajectory against the baseline*"])
+                                "*FAIL (gate-failed): 1 episode newly changed trajectory against the baseline*"])
     data = json.loads((pytester.path / "after.json").read_text())
     garden = next(e for e in data["episodes"] if e["id"] == "garden-plan")
     assert garden["outcome"] == "different" and garden["parting"]["step"] == 2
@@ -272,7 +301,7 @@ def test_episodes_under_xdist_stay_with_their_server(pytester, emulator):
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-episodes=builtin",
                                            "--cachecheck-n=2", "-k", "not episode or calendar or garden", "-n", "2",
                                            "-v", "--cachecheck-report=r.json", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=8)
+    result.assert_outcomes(passed=9)
     data = json.loads((pytester.path / "r.json").read_text())
     workers = {r["worker"] for r in data["probes"] + data["episodes"]}
     assert len(workers) == 1 and emu.max_in_flight == 1

@@ -79,13 +79,14 @@ def test_fault_errors_that_probe_and_the_session_goes_on(pytester, emulator, fau
     timeout = ["--cachecheck-timeout=1"] if fault.startswith("slow") else []  # others keep the default
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=4", *timeout,
                                 "--cachecheck-report=r.json", "-v", *FAST)
-    result.assert_outcomes(passed=3, errors=1)  # failed=0: a fault is never a divergence
+    result.assert_outcomes(passed=3, errors=1, failed=1)  # the gate: a fault is never a divergence
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([
         "*probe[[]tea-steeping[]] PASSED*",
         "*probe[[]bike-chain[]] ERROR*",
         "*probe[[]bread-rising[]] PASSED*",
         "*probe[[]moon-phases[]] PASSED*",
+        "cachecheck::gate FAILED*",
         "*ERROR at setup of probe[[]bike-chain[]]*",
         f"cachecheck: POST /v1/chat/completions to {emu.url}: {words}*",
         "probes: 4 | valid: 3 (same 3, different 0) | inconclusive: 0 | errors: 1",
@@ -128,7 +129,7 @@ def test_hostile_reply_errors_that_probe_and_the_report_is_intact(pytester, emul
     elapsed = time.monotonic() - start
     out = result.stdout.str()
     assert "INTERNALERROR" not in out + result.stderr.str()
-    result.assert_outcomes(passed=3, errors=1)
+    result.assert_outcomes(passed=3, errors=1, failed=1)
     assert words in out, out[-3000:]
     assert elapsed < 40, elapsed
     # no control character from the server reached the terminal
@@ -152,7 +153,7 @@ def test_server_dies_mid_run_errors_quickly_and_reports_what_was_measured(pytest
                                 "--cachecheck-report=r.json", *FAST)
     elapsed = time.monotonic() - start
     assert elapsed < 20, f"a dead server must not wait for the timeout ({elapsed:.1f} s)"
-    result.assert_outcomes(passed=2, errors=3)
+    result.assert_outcomes(passed=2, errors=3, failed=1)
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines([
         "*ERROR at setup of probe[[]bread-rising[]]*",
@@ -180,7 +181,7 @@ def test_server_dies_mid_run_errors_quickly_and_reports_what_was_measured(pytest
 def test_server_dies_summary_names_the_cause_in_one_line(pytester, emulator):
     emu = emulator(fail_after_requests=SETUP + 6)
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=3", *FAST)
-    result.assert_outcomes(passed=1, errors=2)
+    result.assert_outcomes(passed=1, errors=2, failed=1)
     summary = section(result.stdout.str(), "cachecheck summary")
     causes = [line for line in summary if "connection" in line]
     assert len(causes) == 1, summary
@@ -272,7 +273,7 @@ def test_report_lost_at_session_end_fails_the_run(pytester, emulator):
     emu = emulator(diverge_on_hit=remove_dir)
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=1",
                                 "--cachecheck-report=out/r.json", *FAST)
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)  # the gate passes: the report is lost afterwards, at session end
     result.stdout.fnmatch_lines(["cachecheck: could not write *out/r.json*"])
     assert result.ret != 0
 
@@ -460,15 +461,15 @@ def test_conversation_text_reaches_the_server_exactly(pytester, emulator):
                                              encoding="ascii")
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-probes=text.jsonl",
                                 "--cachecheck-probes=text.json", "--cachecheck-max-tokens=64", *FAST)
-    result.assert_outcomes(passed=len(CONVERSATIONS))
+    result.assert_outcomes(passed=len(CONVERSATIONS) + 1)
     log = emu.requests_log[SETUP:]
     assert len(log) == 6 * len(CONVERSATIONS)
     for i, conv in enumerate(CONVERSATIONS):
         sent = [r["messages"] for r in log[6 * i: 6 * i + 6]]
         turn1 = _turn1(conv)
-        for k in (0, 2):  # the two turn-1 requests
+        for k in (0, 3):  # the two turn-1 requests (sent first in each run)
             assert sent[k] == turn1, conv["id"]
-        for k in (1, 3, 4, 5):  # the four turn-2 requests
+        for k in (1, 2, 4, 5):  # the four turn-2 requests
             assert sent[k][:len(turn1)] == turn1, conv["id"]
             assert sent[k][len(turn1)]["role"] == "assistant"
             assert sent[k][len(turn1) + 1:] == [{"role": "user", "content": _turn2(conv)}], conv["id"]

@@ -13,6 +13,8 @@ import re
 from pathlib import Path
 from typing import Dict, List
 
+import pytest
+
 
 GOLDEN = Path(__file__).parent / "golden"
 WRITE = os.environ.get("CACHECHECK_GOLDEN_WRITE") == "1"
@@ -61,6 +63,15 @@ def junit_properties(path: Path) -> str:
     root = ET.parse(path).getroot()
     return "\n".join(f"{case.get('name')}: {prop.get('value')}" for case in root.iter("testcase")
                      for prop in case.iter("property") if prop.get("name") == "cachecheck") + "\n"
+
+
+@pytest.fixture(autouse=True)
+def _same_terminal(monkeypatch):
+    """pytest prints the short summary whole when it believes it runs on CI (``CI``, ``BUILD_NUMBER``)
+    and cut to the terminal's width otherwise: pin both, so the goldens hold everywhere."""
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("BUILD_NUMBER", raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
 
 
 def _pretty(text: str) -> str:

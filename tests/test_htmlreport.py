@@ -223,7 +223,7 @@ def test_single_report_shows_setup_warnings_and_checks() -> None:
 def test_verdict_line_first_says_fail_and_why() -> None:
     page = render_html(sample())
     assert ('<div class="verdict fail" id="verdict"><span class="word fail">FAIL</span>'
-            '<span class="badge b-diverged">diverged</span> <span class="why-text">1 valid probe(s) gave a '
+            '<span class="badge b-diverged">diverged</span> <span class="why-text">1 valid probe gave a '
             'different turn-2 answer</span>') in page
     assert page.index('id="verdict"') < page.index("<h2>Summary</h2>") < page.index('<h2 id="probes">')
     assert "<title>pytest-cachecheck: FAIL (diverged)</title>" in page
@@ -618,7 +618,7 @@ def test_matrix_page_through_the_plugin(pytester: pytest.Pytester, emulator: Any
     assert first.ret == 0, first.stdout.str()
     targets[1] = f"--cachecheck-target=b={flips.url.replace('://', '://carol:pa55word@')}/?key=qsecret"
     run = pytester.runpytest(*targets, *args, "--cachecheck-baseline=base.json", "--cachecheck-html=m.html")
-    run.assert_outcomes(passed=5, failed=1)
+    run.assert_outcomes(passed=5, failed=2)
     page = (pytester.path / "m.html").read_text(encoding="utf-8")
     assert "carol" not in page and "pa55word" not in page and "qsecret" not in page
     ids = element_ids(page)

@@ -56,12 +56,12 @@ def test_plugin_can_be_disabled(pytester, emulator):
 def test_empty_folder_runs_builtin_probes(pytester, emulator):
     emu = emulator()
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "-p", "no:cacheprovider", "-v")
-    result.assert_outcomes(passed=20)
+    result.assert_outcomes(passed=21)  # and the gate
     assert result.ret == 0
     assert chat_count(emu) == SETUP + 120  # six requests a probe
     result.stdout.fnmatch_lines([
         "cachecheck: mode one-server (auto-detected) | server vllm 0.34.0 | model emu/tiny-chat",
-        "*collected 20 items",
+        "*collected 21 items",  # and the gate
         "cachecheck::probe[[]tea-steeping[]] PASSED*",
         "*cachecheck summary*",
         "probes: 20 | valid: 20 (same 20, different 0) | inconclusive: 0 | errors: 0",
@@ -74,7 +74,7 @@ def test_empty_folder_runs_builtin_probes(pytester, emulator):
 def test_divergence_fails_with_where_and_excerpts(pytester, emulator):
     emu = emulator(diverge_on_hit={"bicycle"})
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=3", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=2, failed=2)  # bike-chain, and the gate with the verdict
     assert result.ret == 1
     result.stdout.fnmatch_lines([
         "*cache path and recompute path gave different turn-2 answers, from character *",
@@ -88,20 +88,13 @@ def test_divergence_fails_with_where_and_excerpts(pytester, emulator):
 def test_salt_ignored_is_inconclusive_with_cause(pytester, emulator):
     emu = emulator(honor_salt=False)
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "-rs")
-    result.assert_outcomes(skipped=3)
+    result.assert_outcomes(skipped=3, failed=1)  # the gate
     assert result.ret == 1  # too few valid probes
     result.stdout.fnmatch_lines([
         "cause: the recompute path reused cached tokens on every probe: likely the server ignores cache_salt*",
-        "cachecheck verdict: FAIL (too-few-valid): only 0 of 3 probes were valid*",
+        "cachecheck verdict: FAIL (too-few-valid): no probe was valid (of 3 probes)*",
         "SKIPPED * inconclusive: *recompute run 1 reused * cached tokens, expected 0*",
     ])
-
-
-def test_min_valid_zero_accepts_inconclusive(pytester, emulator):
-    emu = emulator(honor_salt=False)
-    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-min-valid=0")
-    result.assert_outcomes(skipped=3)
-    assert result.ret == 0
 
 
 @pytest.mark.parametrize("flavor, flag", [("vllm", "--enable-prompt-tokens-details"),
@@ -109,7 +102,7 @@ def test_min_valid_zero_accepts_inconclusive(pytester, emulator):
 def test_reporting_off_errors_naming_the_flag(pytester, emulator, flavor, flag):
     emu = emulator(flavor=flavor, report_cached_tokens=False)
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
-    result.assert_outcomes(errors=3)
+    result.assert_outcomes(errors=3, failed=1)
     assert result.ret == 1
     result.stdout.fnmatch_lines([f"*server not usable: *not report cached tokens*{flag}*"])
     # caught before the first probe: vLLM by one one-token request, SGLang by its /server_info alone
@@ -120,21 +113,21 @@ def test_block_size_64_needs_tolerance(pytester, emulator):
     emu = emulator(block_size=64)
     # the server says its block size (vLLM /metrics): the default tolerance is raised to match
     auto = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
-    auto.assert_outcomes(passed=3)
-    auto.stdout.fnmatch_lines(["*hit_tolerance raised to 63 for the server's 64-token cache blocks*",
+    auto.assert_outcomes(passed=4)
+    auto.stdout.fnmatch_lines(["*hit_tolerance 63 (raised from 32 for the server's 64-token cache blocks)*",
                                "*| hit_tolerance 63*"])
     # an explicit tolerance below the block size is a setup error with the fix named
     small = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-hit-tolerance=10")
-    small.assert_outcomes(errors=3)
+    small.assert_outcomes(errors=3, failed=1)
     small.stdout.fnmatch_lines(["*caches in blocks of 64 tokens*use at least 63*"])
     ok = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-hit-tolerance=63")
-    ok.assert_outcomes(passed=3)
+    ok.assert_outcomes(passed=4)
 
 
 def test_sglang_page_size_without_metrics(pytester, emulator):
     emu = emulator(flavor="sglang", block_size=64)  # SGLang says its page size in /server_info
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
 
 
 @pytest.mark.parametrize("cache_cfg, nocache_cfg, words", [
@@ -148,7 +141,7 @@ def test_setup_problems_are_caught(pytester, emulator, cache_cfg, nocache_cfg, w
     if nocache_cfg is not None:
         args.append(f"--cachecheck-nocache-url={emulator(**nocache_cfg).url}")
     result = pytester.runpytest(*args)
-    result.assert_outcomes(errors=3)
+    result.assert_outcomes(errors=3, failed=1)
     result.stdout.fnmatch_lines([f"*server not usable: the server setup would spoil the measurement: *{words}*"])
     assert chat_count(emu) == 0
 
@@ -156,7 +149,7 @@ def test_setup_problems_are_caught(pytester, emulator, cache_cfg, nocache_cfg, w
 def test_server_error_is_an_error_not_a_failure(pytester, emulator):
     emu = emulator(fault={SETUP + 2: "500", SETUP + 9: "not-json"})
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
-    result.assert_outcomes(passed=1, errors=2)
+    result.assert_outcomes(passed=1, errors=2, failed=1)
     result.stdout.fnmatch_lines(["*ERROR at setup of probe[[]tea-steeping[]]*", "*HTTP 500*",
                                  "*body is not JSON*"])
 
@@ -165,7 +158,7 @@ def test_sglang_one_server(pytester, emulator):
     emu = emulator(flavor="sglang", block_size=1, diverge_on_hit={"bread"})
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=4", "-p", "no:cacheprovider",
                                 "-rs")
-    result.assert_outcomes(passed=3, failed=1)
+    result.assert_outcomes(passed=3, failed=2)
     result.stdout.fnmatch_lines(["cachecheck: mode one-server (auto-detected) | server sglang 0.5.23*"])
     # SGLang's /health generates: asked once before the first probe, to learn whether it does, never after
     assert emu.health_generations == 1
@@ -176,13 +169,13 @@ def test_two_servers_and_both_off_control(pytester, emulator):
     nocache = emulator(prefix_caching=False)
     result = pytester.runpytest(f"--cachecheck-url={cache.url}", f"--cachecheck-nocache-url={nocache.url}",
                                 *SMALL)
-    result.assert_outcomes(passed=2, failed=1)
+    result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(["cachecheck: mode two-servers | server vllm*"])
     assert chat_count(cache) == SETUP + 12 and chat_count(nocache) == SETUP + 6
     both_off = emulator(prefix_caching=False)
     result = pytester.runpytest(f"--cachecheck-url={both_off.url}", f"--cachecheck-nocache-url={nocache.url}",
                                 *SMALL, "--cachecheck-skip-hit-check")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
 
 
 def test_two_urls_one_server_names_the_cause(pytester, emulator):
@@ -190,7 +183,7 @@ def test_two_urls_one_server_names_the_cause(pytester, emulator):
     other = emu.url.replace("127.0.0.1", "localhost")
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", f"--cachecheck-nocache-url={other}", *SMALL)
     # vLLM says in /metrics that "both" servers cache: caught before any chat request
-    result.assert_outcomes(errors=3)
+    result.assert_outcomes(errors=3, failed=1)
     result.stdout.fnmatch_lines(["*reports prefix caching on: both URLs may reach the same server*"])
     assert chat_count(emu) == 0
     # llama-server does not say whether it caches: there the recompute path shows it (test_e2e_llama.py)
@@ -199,11 +192,11 @@ def test_two_urls_one_server_names_the_cause(pytester, emulator):
 def test_model_choice(pytester, emulator):
     emu = emulator(models=["emu/other"])
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
-    result.assert_outcomes(errors=3)
-    result.stdout.fnmatch_lines(["*serves several models; choose one with --cachecheck-model: emu/tiny-chat, "
+    assert result.ret == pytest.ExitCode.USAGE_ERROR  # before any probe request (tests/test_suites.py)
+    result.stderr.fnmatch_lines(["*serves several models; choose one with --cachecheck-model: emu/tiny-chat, "
                                  "emu/other*"])
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-model=emu/other")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     assert {r["model"] for r in emu.requests_log[-18:]} == {"emu/other"}
 
 
@@ -213,19 +206,19 @@ def test_beside_a_suite_with_k_and_m(pytester, emulator):
     emu = emulator()
     pytester.makepyfile("def test_mine(): pass")
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "-p", "no:cacheprovider", "-k", "moon-phases")
-    result.assert_outcomes(passed=1)
+    result.assert_outcomes(passed=2)  # moon-phases and the gate
     assert chat_count(emu) == SETUP + 6
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "-m", "not cachecheck")
     result.assert_outcomes(passed=1)
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
-    result.assert_outcomes(passed=4)
+    result.assert_outcomes(passed=5)
 
 
 @pytest.mark.compat
 def test_without_xdist_plugin(pytester, emulator):
     emu = emulator()
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "-p", "no:xdist")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
 
 
 @needs_xdist
@@ -236,7 +229,7 @@ def test_xdist_keeps_probes_in_one_worker(pytester, emulator):
     report = pytester.path / "report.json"
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-n=6", "-n", "2", "-v",
                                            f"--cachecheck-report={report}", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=10)
+    result.assert_outcomes(passed=11)
     workers = [line.split("]")[0] for line in result.stdout.lines if "cachecheck::probe[" in line
                and "PASSED" in line]
     assert len(workers) == 6 and len(set(workers)) == 1, workers
@@ -308,12 +301,12 @@ def test_ini_env_and_command_line_precedence(pytester, emulator, monkeypatch):
     ini_emu, cli_emu, env_emu = emulator(), emulator(), emulator()
     pytester.makeini(f"[pytest]\ncachecheck_url = {ini_emu.url}\ncachecheck_n = 1\n")
     monkeypatch.setenv("CACHECHECK_URL", env_emu.url)
-    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=1)
+    pytester.runpytest("-p", "no:cacheprovider").assert_outcomes(passed=2)
     assert (chat_count(ini_emu), chat_count(cli_emu), chat_count(env_emu)) == (SETUP + 6, 0, 0)
-    pytester.runpytest(f"--cachecheck-url={cli_emu.url}").assert_outcomes(passed=1)
+    pytester.runpytest(f"--cachecheck-url={cli_emu.url}").assert_outcomes(passed=2)
     assert (chat_count(ini_emu), chat_count(cli_emu), chat_count(env_emu)) == (SETUP + 6, SETUP + 6, 0)
     pytester.makeini("[pytest]\ncachecheck_n = 1\n")
-    pytester.runpytest().assert_outcomes(passed=1)
+    pytester.runpytest().assert_outcomes(passed=2)
     assert chat_count(env_emu) == SETUP + 6
 
 
@@ -327,7 +320,7 @@ def test_own_probe_files(pytester, emulator):
          "followup": "Now for a child."}]))
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-probes=a.jsonl",
                                 "--cachecheck-probes=b.json", "-v", "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=2)
+    result.assert_outcomes(passed=3)
     result.stdout.fnmatch_lines(["*probe[[]ours-1[]] PASSED*", "*probe[[]b-1[]] PASSED*"])
     sent = emu.requests_log[-1]["messages"]
     assert sent[0] == {"role": "system", "content": "Be brief."}
@@ -367,10 +360,11 @@ def test_pytest_json_report_and_junit(pytester, emulator):
     emu = emulator()
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--json-report",
                                 "--json-report-file=jr.json", "--junitxml=j.xml")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     jr = json.loads((pytester.path / "jr.json").read_text())
-    tests = [t for t in jr["tests"] if t["nodeid"].startswith("cachecheck::")]
+    tests = [t for t in jr["tests"] if t["nodeid"].startswith("cachecheck::probe[")]
     assert len(tests) == 3
+    assert [t["outcome"] for t in jr["tests"] if t["nodeid"] == "cachecheck::gate"] == ["passed"]
     assert all(t["metadata"]["cachecheck"]["outcome"] == "same" for t in tests)
     assert all(t["user_properties"][0]["cachecheck"]["outcome"] == "same" for t in tests)
     root = ET.parse(pytester.path / "j.xml").getroot()
@@ -383,7 +377,7 @@ def test_report_written_when_server_dies(pytester, emulator):
     report = pytester.path / "r.json"
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-n=5",
                                 f"--cachecheck-report={report}", "--cachecheck-timeout=5")
-    result.assert_outcomes(passed=2, errors=3)
+    result.assert_outcomes(passed=2, errors=3, failed=1)
     data = json.loads(report.read_text())
     assert [p["outcome"] for p in data["probes"]] == ["same", "same", "error", "error", "error"]
     assert len(data["probes"][2]["requests"]) == 1  # what the third probe measured before the server died
@@ -424,11 +418,11 @@ def test_cachecheck_fixture_skips_without_url(pytester):
 def test_max_rate_gate(pytester, emulator):
     emu = emulator(diverge_on_hit={"bicycle"})  # 1 of 3 differs: rate 33%
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-max-rate=0.5", "-rx")
-    result.assert_outcomes(passed=2, xfailed=1)
+    result.assert_outcomes(passed=3, xfailed=1)
     assert result.ret == 0
     result.stdout.fnmatch_lines(["cachecheck verdict: PASS*within --cachecheck-max-rate 0.5*"])
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "--cachecheck-max-rate=0.2")
-    result.assert_outcomes(passed=2, xfailed=1)
+    result.assert_outcomes(passed=2, xfailed=1, failed=1)  # the gate fails with the reason
     assert result.ret == 1
     result.stdout.fnmatch_lines(["cachecheck verdict: FAIL (gate-failed): divergence rate 33.3% (1 of 3) "
                                  "exceeds --cachecheck-max-rate 0.2"])
@@ -440,12 +434,12 @@ def test_baseline_unchanged_new_divergence_and_html(pytester, emulator):
     base = pytester.path / "before.json"
     pytester.runpytest(f"--cachecheck-url={clean.url}", *SMALL, f"--cachecheck-report={base}")
     again = pytester.runpytest(f"--cachecheck-url={clean.url}", *SMALL, f"--cachecheck-baseline={base}")
-    again.assert_outcomes(passed=3)
+    again.assert_outcomes(passed=4)
     assert again.ret == 0
     again.stdout.fnmatch_lines(["*cachecheck baseline comparison*", "*unchanged*"])
     after = pytester.runpytest(f"--cachecheck-url={flips.url}", *SMALL, f"--cachecheck-baseline={base}",
                                "--cachecheck-report=after.json", "--cachecheck-html=after.html")
-    after.assert_outcomes(passed=2, failed=1)
+    after.assert_outcomes(passed=2, failed=2)
     assert after.ret == 1
     after.stdout.fnmatch_lines(["*bike-chain*newly diverged*", "*regressed*"])
     data = json.loads((pytester.path / "after.json").read_text())
@@ -453,11 +447,11 @@ def test_baseline_unchanged_new_divergence_and_html(pytester, emulator):
     assert "bike-chain" in (pytester.path / "after.html").read_text()
     # the same divergence against a baseline that had it too: an expected failure, the session passes
     same_again = pytester.runpytest(f"--cachecheck-url={flips.url}", *SMALL, "--cachecheck-baseline=after.json")
-    same_again.assert_outcomes(passed=2, xfailed=1)
+    same_again.assert_outcomes(passed=3, xfailed=1)
     assert same_again.ret == 0
     never = pytester.runpytest(f"--cachecheck-url={flips.url}", *SMALL, f"--cachecheck-baseline={base}",
                                "--cachecheck-fail-on=never")
-    never.assert_outcomes(passed=2, xfailed=1)
+    never.assert_outcomes(passed=3, xfailed=1)
     assert never.ret == 0
 
 
@@ -503,7 +497,8 @@ def test_conftest_example_wires_a_suite(pytester, emulator):
     outcomes = result.parseoutcomes()
     assert outcomes.get("passed", 0) >= 6 and "error" not in outcomes and "errors" not in outcomes
     lines = [line for line in result.stdout.lines if " PASSED" in line or " FAILED" in line]
-    assert lines[0].startswith("test_custom.py::") and lines[-1].startswith("cachecheck::probe[")
+    assert lines[0].startswith("test_custom.py::") and lines[-2].startswith("cachecheck::probe[")
+    assert lines[-1].startswith("cachecheck::gate ")  # the verdict, after the probes the conftest sorted last
     # the fixture from conftest_example.py reached the server with its system prompt
     assert any(r["messages"][0]["content"].startswith("You are the support assistant of a bicycle shop")
                for r in emu.requests_log)
@@ -521,7 +516,7 @@ def test_replicas_one_server_per_worker(pytester, emulator):
     report = pytester.path / "r.json"
     result = pytester.runpytest_subprocess(f"--cachecheck-url={a.url}", f"--cachecheck-url={b.url}",
                                            "--cachecheck-n=6", "-n", "2", f"--cachecheck-report={report}")
-    result.assert_outcomes(passed=5, failed=1)
+    result.assert_outcomes(passed=5, failed=2)
     data = json.loads(report.read_text())
     owner = {}
     for p in data["probes"]:
@@ -551,14 +546,14 @@ def test_sglang_generating_health_is_warned(pytester, emulator):
     generating = emulator(flavor="sglang", block_size=1)
     report = pytester.path / "r.json"
     result = pytester.runpytest(f"--cachecheck-url={generating.url}", *SMALL, f"--cachecheck-report={report}")
-    result.assert_outcomes(passed=3)  # a warning, not a stop: the probes themselves never call /health
+    result.assert_outcomes(passed=4)  # a warning, not a stop: the probes themselves never call /health
     result.stdout.fnmatch_lines(["cachecheck: warning: SGLang's /health at * runs a generation*"
                                  "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false*",
                                  "setup warning: SGLang's /health*runs a generation*"])
     assert any("runs a generation" in w for w in json.loads(report.read_text())["setup_warnings"])
     quiet = emulator(flavor="sglang", block_size=1, health_generates=False)
     result = pytester.runpytest(f"--cachecheck-url={quiet.url}", *SMALL, f"--cachecheck-report={report}")
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     assert "runs a generation" not in result.stdout.str()
     assert json.loads(report.read_text())["setup_warnings"] == []
     assert quiet.health_generations == 0
@@ -569,13 +564,13 @@ def test_template_dropping_past_reasoning(pytester, emulator, flavor):
     # the template alone (thinking off): a warning, and the probes measure as usual
     template_only = emulator(flavor=flavor, block_size=1, chat_template="drop-reasoning", health_generates=False)
     result = pytester.runpytest(f"--cachecheck-url={template_only.url}", *SMALL)
-    result.assert_outcomes(passed=3)
+    result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["cachecheck: warning: the chat template drops earlier turns' reasoning*"])
     # a model that reasons behind that template: every probe inconclusive, and the skip says why
     thinking = emulator(flavor=flavor, block_size=1, chat_template="drop-reasoning", reasoning=True,
                         health_generates=False)
     result = pytester.runpytest(f"--cachecheck-url={thinking.url}", *SMALL, "-rs")
-    result.assert_outcomes(skipped=3)
+    result.assert_outcomes(skipped=3, failed=1)
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*inconclusive: cache run 1: turn-2 cache hit was * tokens, expected at least*"
                                  "characters of reasoning*turn thinking off for this check*"])
@@ -585,7 +580,7 @@ def test_template_dropping_past_reasoning(pytester, emulator, flavor):
 def test_template_that_breaks_the_turn2_prefix_is_caught(pytester, emulator):
     emu = emulator(chat_template="empty-think-prompt")
     result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
-    result.assert_outcomes(errors=3)
+    result.assert_outcomes(errors=3, failed=1)
     result.stdout.fnmatch_lines(["*server not usable: the server setup would spoil the measurement: the chat "
                                  "template does not re-render the history as it was generated*--chat-template*"])
     assert chat_count(emu) == SETUP  # found before the first probe: no probe request was sent
@@ -600,7 +595,7 @@ def test_target_matrix_side_by_side(pytester, emulator):
     result = pytester.runpytest(f"--cachecheck-target=f16={f16.url}", f"--cachecheck-target=q4={q4.url}",
                                 "--cachecheck-n=4", f"--cachecheck-report={report}", "-v", "-p",
                                 "no:cacheprovider")
-    result.assert_outcomes(passed=6, failed=2)
+    result.assert_outcomes(passed=6, failed=3)
     assert result.ret == 1
     result.stdout.fnmatch_lines([
         f"cachecheck: target matrix of 2: every probe runs on f16 ({f16.url}), q4 ({q4.url})",
@@ -611,7 +606,7 @@ def test_target_matrix_side_by_side(pytester, emulator):
         "target  server * valid  same  diff  inconcl  errors  rate * 95% interval * vs f16",
         "f16 * 4 * 4 * 0 * 0 * 0 * 0.0% * 0.0% to 49.0% * (reference)",
         "q4 * 4 * 2 * 2 * 0 * 0 * 50.0% * 15.0% to 85.0% * 2 diverged only here, 0 only on f16; McNemar p = 0.500",
-        "cachecheck verdict: FAIL (diverged): q4: 2 valid probe(s) gave a different turn-2 answer",
+        "cachecheck verdict: FAIL (diverged): q4: 2 valid probes gave a different turn-2 answer",
         "[[]f16[]] probes 4 | valid 4 | same 4 | different 0 | inconclusive 0 | errors 0",
         "[[]q4[]] probes 4 | valid 4 | same 2 | different 2 | inconclusive 0 | errors 0",
     ])
@@ -649,7 +644,7 @@ def test_target_matrix_selection_ini_and_check_fixture(pytester, emulator):
     """))
     # -k with a target's name selects that target's probe items (their ids end in @<target>)
     only_q4 = pytester.runpytest("-p", "no:cacheprovider", "-k", "q4 and cachecheck")
-    only_q4.assert_outcomes(passed=3, deselected=4)
+    only_q4.assert_outcomes(passed=4, deselected=4)  # q4's probes and the gate
     only_q4.stdout.fnmatch_lines(["f16 * 0 * 0 * 0 * 0 * 0 * n/a * n/a * not run (no probe of this target was "
                                   "selected)", "[[]f16[]] no probe ran"])
     assert chat_count(f16) == SETUP  # the header's setup check only; no probe went to f16
@@ -666,8 +661,8 @@ def test_target_matrix_under_xdist_gives_each_target_one_worker(pytester, emulat
     args = [f"--cachecheck-target=a={a.url}", f"--cachecheck-target=b={b.url}", "--cachecheck-n=4"]
     single = pytester.runpytest_subprocess(*args, "--cachecheck-report=one.json")
     pair = pytester.runpytest_subprocess(*args, "-n", "2", "--cachecheck-report=two.json")
-    single.assert_outcomes(passed=7, failed=1)
-    pair.assert_outcomes(passed=7, failed=1)
+    single.assert_outcomes(passed=7, failed=2)
+    pair.assert_outcomes(passed=7, failed=2)
     one, two = (json.loads((pytester.path / f).read_text()) for f in ("one.json", "two.json"))
     assert {(p["target"], p["id"]): p["outcome"] for p in one["probes"]} == \
            {(p["target"], p["id"]): p["outcome"] for p in two["probes"]}

@@ -117,7 +117,7 @@ def test_no_secret_in_any_output(pytester, emulator, monkeypatch, key, userinfo,
     elif key == "env":
         monkeypatch.setenv("CACHECHECK_API_KEY", KEY)
     result = pytester.runpytest_subprocess(*args)
-    result.assert_outcomes(passed=1, failed=2, errors=1)  # so the key was accepted: no 401
+    result.assert_outcomes(passed=1, failed=3, errors=1)  # so the key was accepted: no 401
     out = result.stdout.str()
     assert "different turn-2 answers" in out and "HTTP 500" in out
     # the outputs hold what they should: a traceback with locals, DEBUG records of urllib3
@@ -130,7 +130,7 @@ def test_no_secret_in_any_output(pytester, emulator, monkeypatch, key, userinfo,
     # the failure and error texts as the reports hold them
     jr = json.loads(texts["jr.json"])
     reprs = [json.dumps(t) for t in jr["tests"] if t["outcome"] != "passed"]
-    assert len(reprs) == 3 and "different turn-2 answers" in "".join(reprs)
+    assert len(reprs) == 4 and "different turn-2 answers" in "".join(reprs)  # 3 and the gate
     assert_clean({"json-report failures": "".join(reprs)})
     data = json.loads(texts["cc.json"], parse_constant=lambda c: pytest.fail(c))
     assert data["settings"]["api_key_set"] is bool(key)
@@ -232,7 +232,7 @@ def test_server_echoing_credentials_is_scrubbed(pytester, echo_server, scenario,
     if key:
         args.append(f"--cachecheck-api-key={KEY}")
     result = pytester.runpytest(*args)
-    result.assert_outcomes(errors=1)
+    result.assert_outcomes(errors=1, failed=1)
     # the server did see (and echo) the secrets ...
     path, auth = echo_server.seen[0]
     assert (TOKEN in path) is query and (KEY in auth if key else auth == f"Basic {BASIC}")
@@ -350,7 +350,7 @@ def test_non_latin1_url_password_is_sent_as_utf8(pytester, echo_server):
     result = pytester.runpytest(f"--cachecheck-url={url}", "--cachecheck-n=1", "-rA", *FAST)
     out = result.stdout.str() + result.stderr.str()
     assert "INTERNALERROR" not in out
-    result.assert_outcomes(errors=1)  # the echo server answers 401 to every chat request
+    result.assert_outcomes(errors=1, failed=1)  # the echo server answers 401 to every chat request
     _, auth = echo_server.seen[0]
     assert base64.b64decode(auth[6:]).decode("utf-8") == f"zoë:{password}"
     assert password not in out and "Lm8Rt2" not in out

@@ -62,7 +62,7 @@ def test_one_server_one_worker_in_order(pytester, emulator, dist):
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-n=6", "-n", "2",
                                            f"--dist={dist}", "-v", f"--cachecheck-report={report}",
                                            "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=16)
+    result.assert_outcomes(passed=17)  # and the gate, run by the controller
     rows = placed(result.stdout.lines)
     probes = workers_of(rows, "cachecheck::probe[")
     own = workers_of(rows, "test_own.py::")
@@ -86,7 +86,7 @@ def test_target_matrix_one_worker_per_target(pytester, emulator, dist):
     result = pytester.runpytest_subprocess(f"--cachecheck-target=a={a.url}", f"--cachecheck-target=b={b.url}",
                                            "--cachecheck-n=4", "-n", "2", f"--dist={dist}", "-v",
                                            "-p", "no:cacheprovider")
-    result.assert_outcomes(passed=13)
+    result.assert_outcomes(passed=14)
     rows = placed(result.stdout.lines)
     on_a = workers_of(rows, "cachecheck::probe[")
     by_target: Dict[str, set] = {}

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import RequestError, ServerSetupError
+from ..errors import ModelChoiceError, RequestError
 from ..model import Request, ServerDescription
 from ..text import printable
 from .http import Http
@@ -310,12 +310,12 @@ def choose_model(listed: List[str], wanted: Optional[str], shown_url: str) -> st
     """The model to ask for: the one given (which the server must list), else the only one listed."""
     if wanted:
         if listed and wanted not in listed:
-            raise ServerSetupError(f"--cachecheck-model {wanted!r} is not served by {shown_url}; it lists: "
+            raise ModelChoiceError(f"--cachecheck-model {wanted!r} is not served by {shown_url}; it lists: "
                                    + _some(listed))
         return wanted
     if len(listed) == 1:
         return listed[0]
     if not listed:
-        raise ServerSetupError(f"{shown_url} lists no model at /v1/models; give --cachecheck-model NAME")
-    raise ServerSetupError(f"{shown_url} serves several models; choose one with --cachecheck-model: "
+        raise ModelChoiceError(f"{shown_url} lists no model at /v1/models; give --cachecheck-model NAME")
+    raise ModelChoiceError(f"{shown_url} serves several models; choose one with --cachecheck-model: "
                            + _some(listed))

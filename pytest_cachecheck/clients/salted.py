@@ -11,7 +11,7 @@ from .base import CachePlan, ChatClient
 
 
 def new_salt() -> str:
-    """A ``cache_salt`` no other request has used. vLLM 0.34 takes a non-empty string of at most 128
+    """A ``cache_salt`` no other request has used. vLLM (0.32 and 0.34 alike) takes a non-empty string of at most 128
     characters without '@', '/', '\\' or NUL; SGLang reads an empty one as no salt."""
     return "cachecheck-" + uuid.uuid4().hex
 

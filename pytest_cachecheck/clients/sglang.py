@@ -2,8 +2,8 @@
 releases ``/get_server_info``), which also says its page size, whether the radix cache is off and whether
 cached tokens are reported (``--enable-cache-report``).
 
-With reporting on, SGLang leaves ``prompt_tokens_details`` null when nothing was reused; that reads as 0
-only when ``/server_info`` says reporting is on. Its ``/health`` runs a generation by default, so the
+With reporting on, SGLang 0.5.23 reports ``{"cached_tokens": 0}`` on a miss; older releases leave
+``prompt_tokens_details`` null then, which reads as 0 only when ``/server_info`` says reporting is on. Its ``/health`` runs a generation by default, so the
 plugin never polls it during a run, and warns when it generates.
 """
 
@@ -53,7 +53,7 @@ class SglangClient(SaltedClient):
     def cached_tokens(self, data: Dict[str, Any], usage: Dict[str, Any], where: str) -> Optional[int]:
         cached = super().cached_tokens(data, usage, where)
         if cached is None and usage.get("prompt_tokens_details") is None and self.reporting is True:
-            return 0  # null when the hit is 0, even with --enable-cache-report
+            return 0  # older releases: null when the hit is 0, even with --enable-cache-report
         return cached
 
     def check_reporting(self, found: Findings) -> None:

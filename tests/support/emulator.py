@@ -440,11 +440,7 @@ class EmulatorConfig:
 
     @property
     def served_models(self) -> List[str]:
-        names = [self.model]
-        for name in self.models or []:
-            if name not in names:
-                names.append(name)
-        return names
+        return list(dict.fromkeys([self.model, *(self.models or [])]))  # in order, once each
 
 
 def _parse_fault(kind: str) -> Tuple[str, float]:
@@ -567,6 +563,7 @@ class Emulator:
         self.port = port
         self.url = ""
         self.requests_log: List[Dict[str, Any]] = []  # every chat (and completion) request body, in order
+        self.every_request: List[Tuple[str, str]] = []  # (method, path) of every request of any kind
         self.health_generations = 0  # SGLang GET /health runs
         self.chat_requests = 0  # chat/completion POSTs received (the numbering `fault` uses)
         self.served_requests = 0  # requests that generated an answer
@@ -703,6 +700,7 @@ class Emulator:
         return not protected or h.headers.get("Authorization") == f"Bearer {key}"
 
     def _handle(self, h: _Handler) -> None:
+        self.every_request.append((h.command, h.path))
         if self._dead:
             h.abort()
             return

@@ -28,7 +28,7 @@ ENVIRONMENTS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("pytest 9.2, no xdist", ("pytest==9.2.0",)),
 )
 COMMON = ("responses", "pytest-json-report")
-TESTS = ("tests/test_xdist.py", "tests/test_plugin.py", "-m", "compat")
+TESTS = ("tests/test_xdist.py", "tests/test_plugin.py", "tests/test_suites.py", "-m", "compat")
 
 
 def _venv(pins: Sequence[str]) -> Path:

@@ -1,0 +1,153 @@
+"""What the items and the ``cachecheck`` fixture share: the session state on ``config.stash``, the
+measurement of one probe or episode (under pytest-xdist only once this worker owns its servers), and the
+object test authors get from the fixture."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+
+import pytest
+
+from . import _collect
+from .episodes import Episode
+from .errors import RequestError
+from .interrupts import Interrupts
+from .model import EpisodeRecord, Outcome, ProbeRecord
+from .probes import Probe, parse_probe
+from .redact import display_url
+from .session import CheckSession
+from .settings import Settings
+
+if TYPE_CHECKING:
+    from .protocol import Runner
+
+RECORD = "cachecheck"  # user_properties key of a probe record
+CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check() record
+EPISODE_RECORD = "cachecheck_episode"  # user_properties key of an episode record
+EPISODE_CHECK_RECORD = "cachecheck_episode_check"  # of a cachecheck.episode() record
+
+
+class State:
+    """The session and, under pytest-xdist, the placement of its tests."""
+
+    def __init__(self, session: CheckSession, controller_of_workers: bool,
+                 placement: Optional[_collect.Placement], interrupts: Interrupts) -> None:
+        self.session = session
+        self.interrupts = interrupts
+        #: an xdist controller: its workers probe, so it sends no request that generates
+        self.controller_of_workers = controller_of_workers
+        self.placement = placement
+        #: target -> why its server setup is not usable (None: it is), once pytest_sessionstart resolved it
+        self.setup_errors: Dict[Optional[str], Optional[str]] = {}
+
+
+STATE = pytest.StashKey[Optional[State]]()
+
+
+STATE = pytest.StashKey[Optional[State]]()
+
+
+def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Probe, Episode],
+             target: Optional[str]) -> Any:
+    """Measure one probe (or episode); under pytest-xdist only once this worker owns its servers. The
+    record names the server that measured it and the process."""
+    worker = _collect.worker_id(config)
+    kind = ProbeRecord if isinstance(case, Probe) else EpisodeRecord
+    record: Any = None
+    if worker is not None and state.placement is not None:
+        for url in (runner.settings.url, runner.settings.nocache_url):
+            owner = state.placement.claim(url, worker) if url else None
+            if owner is not None and url is not None:
+                record = kind(case.id, case.source, case.fingerprint, Outcome.ERROR, reason=(
+                    f"not measured: xdist worker {owner} already sends to {display_url(url)} in this session, "
+                    f"and requests sent to one server in parallel change answers; the plugin's placement of "
+                    f"this test failed (another plugin's scheduler?)"))
+                break
+    if record is None:
+        if isinstance(case, Probe):
+            record = runner.run(case)
+        else:
+            from .trajectory import measure_episode
+
+            record = measure_episode(runner, case)
+    record.target = target
+    record.server_url = display_url(runner.settings.url)
+    record.worker = worker
+    record.run = runner.setup.describe() if runner.setup is not None else None
+    return record
+
+
+class CacheCheck:
+    """What the ``cachecheck`` fixture gives a test: run your own probe and assert on the result."""
+
+    def __init__(self, state: State, node: pytest.Item) -> None:
+        self._state = state
+        self._node = node
+
+    @property
+    def settings(self) -> Settings:
+        return self._state.session.settings
+
+    @property
+    def targets(self) -> List[str]:
+        """The names of the target matrix (empty without one)."""
+        return [n for n, _ in self.settings.targets]
+
+    def check(self, turn1: Optional[str] = None, turn2: Optional[str] = None, *,
+              messages: Optional[List[Dict[str, str]]] = None, followup: Optional[str] = None,
+              id: Optional[str] = None, target: Optional[str] = None) -> ProbeRecord:
+        """Measure one conversation; returns its record (.same, .different, .valid, .reason, answers).
+
+        ``target`` names the server of a target matrix to measure on (default: the first).
+        Raises ValueError for a malformed conversation or an unknown target, and RequestError when a
+        request fails.
+        """
+        __tracebackhide__ = True  # its locals (the runner, the state) lead to the settings and URLs
+        target = self._target(target, "check")
+        obj: Dict[str, Any] = {}
+        if messages is not None or followup is not None:
+            obj.update({"messages": messages, "followup": followup})
+        if turn1 is not None or turn2 is not None:
+            obj.update({"turn1": turn1, "turn2": turn2})
+        if id is not None:
+            obj["id"] = id
+        probe = parse_probe(obj, path=f"cachecheck.check() in {self._node.nodeid}", line=1,
+                            default_id=self._node.name)
+        return self._measure(probe, target, CHECK_RECORD)
+
+    def episode(self, messages: List[Dict[str, str]], user_turns: Optional[List[str]] = None, *,
+                tools: Optional[List[Dict[str, Any]]] = None, tool_results: Optional[Dict[str, Any]] = None,
+                tool_choice: Any = None, max_steps: Optional[int] = None, id: Optional[str] = None,
+                target: Optional[str] = None) -> EpisodeRecord:
+        """Measure one episode (the fields of an episode file); returns its record (.same, .changed,
+        .valid, .reason, .parting, .paths). Raises ValueError for a malformed episode or an unknown
+        target, and RequestError when a request fails."""
+        __tracebackhide__ = True
+        from .episodes import parse_episode
+
+        target = self._target(target, "episode")
+        obj: Dict[str, Any] = {"messages": messages, "user_turns": user_turns or []}
+        obj.update({k: v for k, v in (("tools", tools), ("tool_results", tool_results), ("tool_choice", tool_choice),
+                                      ("max_steps", max_steps), ("id", id)) if v is not None})
+        case = parse_episode(obj, path=f"cachecheck.episode() in {self._node.nodeid}", line=1,
+                             default_id=self._node.name)
+        return self._measure(case, target, EPISODE_CHECK_RECORD)
+
+    def _measure(self, case: Union[Probe, Episode], target: Optional[str], key: str) -> Any:
+        __tracebackhide__ = True
+        record = measure(self._node.config, self._state, self._state.session.runner(target), case, target)
+        record.test = self._node.nodeid
+        self._node.user_properties.append((key, record.to_json()))
+        if record.outcome == Outcome.ERROR:
+            raise RequestError(record.reason)
+        return record
+
+    def _target(self, target: Optional[str], method: str) -> Optional[str]:
+        names = self._state.session.targets
+        if target is None:
+            return names[0]
+        if target not in names:
+            raise ValueError(f"cachecheck.{method}(target={target!r}): the targets are "
+                             + (", ".join(str(n) for n in names) if names != [None] else
+                                "none (no --cachecheck-target was given)"))
+        return target

@@ -1,0 +1,262 @@
+"""Signals end a run the way Ctrl-C does, and nothing a second signal does can lose what was measured.
+
+SIGTERM (CI cancellation, ``timeout``, ``docker stop``) writes the JSON report, the HTML page and the
+summary, exit status 2; a second Ctrl-C while pytest handles the first cannot turn the verdict into a
+pass; Ctrl-C while the server is being detected still writes the report; under pytest-xdist every record
+that reached the controller counts, and the probe that was being measured is named.
+
+Each test runs pytest in a process of its own (a new session, so a signal can go to the whole process
+group as a terminal's Ctrl-C or ``timeout`` sends it) against the emulator, with a request held back by
+the emulator's ``slow`` fault so that the signal lands mid-probe.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from pytest_cachecheck.probes import builtin_probes
+from tests.support import emulator as emulator_module
+
+pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+needs_xdist = pytest.mark.skipif(importlib.util.find_spec("xdist") is None,
+                                 reason="pytest-xdist is not installed")
+FAST = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark"]
+SETUP = 1  # chat requests before the first probe: the setup check of cached-token reporting (vLLM)
+IDS = [p.id for p in builtin_probes()]
+
+
+@pytest.fixture(autouse=True)
+def _emulator_without_nagle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(emulator_module._Handler, "disable_nagle_algorithm", True)
+
+
+class Run:
+    """A pytest run in a process group of its own, with the JSON report and the HTML page asked for."""
+
+    def __init__(self, folder: Path, emu: Any, *args: str) -> None:
+        self.report = folder / "r.json"
+        self.html = folder / "r.html"
+        self.emu = emu
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", f"--cachecheck-url={emu.url}",
+             f"--cachecheck-report={self.report}", f"--cachecheck-html={self.html}",
+             "--cachecheck-timeout=60", "-v", *args, *FAST],
+            cwd=str(folder), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            start_new_session=True)
+
+    def wait_for_requests(self, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while len(self.emu.requests_log) < n and self.proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(self.emu.requests_log) >= n, (len(self.emu.requests_log), self.proc.poll())
+
+    def signal(self, signum: int, group: bool = False) -> None:
+        if group:
+            os.killpg(self.proc.pid, signum)
+        else:
+            self.proc.send_signal(signum)
+
+    def finish(self, timeout: float = 60) -> str:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.communicate()
+        return out
+
+    def data(self) -> Dict[str, Any]:
+        assert self.report.is_file(), "no JSON report was written"
+        return json.loads(self.report.read_text())
+
+
+def measured(data: Dict[str, Any]) -> List[str]:
+    return [p["id"] for p in data["probes"]]
+
+
+def check_interrupted(run: Run, out: str, data: Dict[str, Any], how: str) -> None:
+    """What every interrupted run must show: exit status 2 everywhere, FAIL (interrupted), the HTML page,
+    and not_run exactly the probes without a record."""
+    assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    summary = data["summary"]
+    assert summary["status"] == "interrupted" and summary["exit_status"] == 2, summary
+    assert how in summary["why"], summary["why"]
+    assert "cachecheck verdict: FAIL (interrupted)" in out, out
+    assert "cachecheck: JSON report written to" in out
+    assert run.html.is_file() and "interrupted" in run.html.read_text()
+    done = measured(data)
+    assert summary["not_run"] == [i for i in IDS[:len(done) + len(summary["not_run"])] if i not in done]
+    assert not list(run.report.parent.glob(".cachecheck-*"))
+
+
+# -- SIGTERM ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("group", [False, True], ids=["to-pytest", "to-the-group"])
+def test_sigterm_ends_the_run_like_ctrl_c(pytester, emulator, group):
+    """``docker stop`` signals pytest alone; ``timeout`` signals its whole process group."""
+    emu = emulator(fault={SETUP + 15: "slow:30"})  # probe 3 (bread-rising) hangs on its third request
+    run = Run(pytester.path, emu, "--cachecheck-n=5")
+    run.wait_for_requests(SETUP + 15)
+    sent = time.monotonic()
+    run.signal(signal.SIGTERM, group)
+    out = run.finish()
+    assert time.monotonic() - sent < 20
+    data = run.data()
+    check_interrupted(run, out, data, "SIGTERM")
+    assert measured(data) == IDS[:2]
+    assert all(len(p["requests"]) == 6 for p in data["probes"])
+    assert data["summary"]["not_run"] == IDS[2:5]
+    assert "while bread-rising was being measured" in data["summary"]["why"]
+
+
+@pytest.mark.parametrize("on", [False, True], ids=["plugin-off", "plugin-on"])
+def test_sigterm_handler_only_while_the_plugin_is_on(pytester, on):
+    pytester.makepyfile(test_handler=textwrap.dedent("""
+        import signal
+
+        def test_handler(request):
+            handler = signal.getsignal(signal.SIGTERM)
+            assert (handler is not signal.SIG_DFL) == (request.config.getoption("cachecheck_url") is not None)
+    """))
+    url = ["--cachecheck-url=http://127.0.0.1:9", "-k", "test_handler"] if on else []
+    result = pytester.runpytest_subprocess(*url, *FAST)
+    result.assert_outcomes(passed=1, deselected=20 if on else 0)
+
+
+def test_a_users_own_sigterm_handler_is_left_alone(pytester):
+    pytester.makeconftest(textwrap.dedent("""
+        import signal
+
+        def mine(signum, frame):
+            pass
+
+        def pytest_configure(config):
+            signal.signal(signal.SIGTERM, mine)
+
+        def pytest_sessionfinish(session):
+            assert signal.getsignal(signal.SIGTERM) is mine
+    """))
+    pytester.makepyfile(test_mine="def test_ok(): pass\n")
+    result = pytester.runpytest_subprocess("--cachecheck-url=http://127.0.0.1:9", "-k", "test_ok", *FAST)
+    result.assert_outcomes(passed=1, deselected=20)
+
+
+def test_unconfigure_restores_the_previous_handlers():
+    from pytest_cachecheck.interrupts import Interrupts
+
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    interrupts = Interrupts(hold_after_first=True)
+    interrupts.install(sigint=True)
+    try:
+        assert signal.getsignal(signal.SIGTERM) == interrupts.handle
+        assert signal.getsignal(signal.SIGINT) == interrupts.handle
+    finally:
+        interrupts.restore()
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_a_second_signal_waits_for_the_report_and_a_third_abandons_it():
+    from pytest_cachecheck.interrupts import Interrupts
+
+    interrupts = Interrupts(hold_after_first=True)
+    with pytest.raises(KeyboardInterrupt):
+        interrupts.handle(signal.SIGINT, None)
+    interrupts.handle(signal.SIGINT, None)  # held: pytest is still ending the run
+    assert interrupts.received == ["SIGINT", "SIGINT"]
+    with interrupts.hold():
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.handle(signal.SIGTERM, None)  # the third
+    assert interrupts.received == ["SIGINT", "SIGINT", "SIGTERM"]
+    # without a first signal, one arriving while the report is written waits for it
+    calm = Interrupts(hold_after_first=True)
+    with calm.hold():
+        calm.handle(signal.SIGINT, None)
+    with pytest.raises(KeyboardInterrupt):
+        calm.handle(signal.SIGINT, None)
+    # on a worker nothing is held
+    worker = Interrupts(hold_after_first=False)
+    for _ in range(2):
+        with pytest.raises(KeyboardInterrupt):
+            worker.handle(signal.SIGTERM, None)
+
+
+# -- a second Ctrl-C -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("gap", [0.0, 0.05, 0.3])
+def test_a_second_ctrl_c_is_still_an_interrupted_run(pytester, emulator, gap):
+    emu = emulator(fault={SETUP + 15: "slow:30"})
+    run = Run(pytester.path, emu, "--cachecheck-n=5")
+    run.wait_for_requests(SETUP + 15)
+    run.signal(signal.SIGINT)
+    time.sleep(gap)
+    run.signal(signal.SIGINT)
+    out = run.finish()
+    data = run.data()
+    check_interrupted(run, out, data, "interrupted")
+    assert measured(data) == IDS[:2] and data["summary"]["not_run"] == IDS[2:5]
+    verdicts = [line.split()[2] for line in out.splitlines() if line.startswith("cachecheck verdict")]
+    assert verdicts == ["FAIL"]
+
+
+# -- Ctrl-C while the server is being detected ------------------------------------------------------------
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_during_server_detection_writes_the_report(pytester, emulator, signum):
+    emu = emulator(fault={1: "slow:30"})  # the setup check's one-token request hangs
+    run = Run(pytester.path, emu, "--cachecheck-n=4")
+    run.wait_for_requests(1)
+    time.sleep(0.1)
+    run.signal(signum)
+    out = run.finish()
+    data = run.data()
+    assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert data["summary"]["status"] == "interrupted" and data["summary"]["exit_status"] == 2
+    assert "while the server was being detected" in data["summary"]["why"]
+    assert data["probes"] == [] and data["summary"]["not_run"] == IDS[:4]
+    assert "cachecheck verdict: FAIL (interrupted)" in out and run.html.is_file()
+    assert len(emu.requests_log) == 1
+
+
+# -- pytest-xdist ------------------------------------------------------------------------------------------
+SLOW_CONTROLLER = textwrap.dedent("""
+    import time
+
+    CONTROLLER = []
+
+    def pytest_configure(config):
+        if not hasattr(config, "workerinput"):
+            CONTROLLER.append(True)
+
+    def pytest_runtest_logreport(report):
+        if CONTROLLER and report.when == "setup":
+            time.sleep(0.6)  # the controller falls behind its worker: reports wait in its queue
+""")
+
+
+@needs_xdist
+@pytest.mark.parametrize("signum, group",
+                         [(signal.SIGTERM, False), (signal.SIGINT, True), (signal.SIGTERM, True)],
+                         ids=["SIGTERM-to-controller", "ctrl-c", "SIGTERM-to-group"])
+def test_xdist_every_record_the_controller_received_counts(pytester, emulator, signum, group):
+    """The worker measures four probes quickly and hangs in the fifth; the controller, slowed down, has
+    handled fewer of their reports when the signal comes. Every record it received is in the report, and
+    only the probes without one are listed as not run, the hanging one named as being measured."""
+    pytester.makeconftest(SLOW_CONTROLLER)
+    emu = emulator(fault={SETUP + 25: "slow:30"})  # probe 5 (houseplant-watering) hangs on its first request
+    run = Run(pytester.path, emu, "--cachecheck-n=8", "-n", "2")
+    run.wait_for_requests(SETUP + 25)
+    run.signal(signum, group)
+    out = run.finish(90)
+    data = run.data()
+    check_interrupted(run, out, data, "SIGTERM" if signum == signal.SIGTERM else "interrupted")
+    assert measured(data) == IDS[:4], (measured(data), out)
+    assert data["summary"]["not_run"] == IDS[4:8]
+    assert "while houseplant-watering was being measured" in data["summary"]["why"]
