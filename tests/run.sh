@@ -30,7 +30,7 @@ if [ "$#" -gt 0 ]; then
 fi
 status=0
 python3 -m pytest -m "not e2e" -n 2 || status=1
-python3 -m pytest -m e2e || status=1
+python3 -m pytest -m e2e --durations=15 || status=1
 # the plugin-level tests again on the oldest and newest pytest and pytest-xdist (cached venvs)
 python3 -m tests.support.matrix || status=1
 exit "$status"

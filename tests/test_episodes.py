@@ -12,7 +12,7 @@ import pytest
 from pytest_cachecheck.clients import CLIENTS
 from pytest_cachecheck.clients.base import Reply, ServerInfo
 from pytest_cachecheck.clients.http import Http
-from pytest_cachecheck.episodes import Episode, builtin_episodes, load_episodes, parse_episode
+from pytest_cachecheck.episodes import Episode, builtin_episodes, builtin_tools, load_episodes, parse_episode
 from pytest_cachecheck.model import EpisodeRecord, Outcome
 from pytest_cachecheck.probes import ProbeFileError
 from pytest_cachecheck.protocol import Runner
@@ -330,3 +330,11 @@ def test_cachecheck_episode_fixture_and_bad_files(pytester, emulator):
     assert result.ret == 4
     result.stderr.fnmatch_lines([f"*--cachecheck-episodes: bad episode file: {bad}:1: field 'max_steps'*"])
     assert len(emu.requests_log) == before
+
+
+def test_builtin_tools_each_once_in_order_of_first_use() -> None:
+    tools = builtin_tools()
+    assert [t["function"]["name"] for t in tools] == ["get_weather", "calculate", "list_events", "add_event",
+                                                      "list_files", "read_file"]
+    by_name = {s["function"]["name"]: s for e in builtin_episodes() for s in e.tool_schemas() or []}
+    assert all(t == by_name[t["function"]["name"]] for t in tools)

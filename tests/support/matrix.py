@@ -64,7 +64,9 @@ def main(argv: List[str]) -> int:
             failed.append(name)
             continue
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *TESTS, *argv],
+        workers = ["-n", "2"] if any(p.startswith("pytest-xdist") for p in pins) else []
+        cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *TESTS, *argv]
+        proc = subprocess.run(cmd,
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
         print(f"matrix: {name}: {'ok' if proc.returncode == 0 else 'FAILED'} in "

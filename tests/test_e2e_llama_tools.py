@@ -1,0 +1,167 @@
+"""End to end: the built-in tool episodes on a real llama-server, with tool calls that really happened.
+
+The model is ``serve.tools_model`` (``tinymodel.tool_model_config(builtin_tools())``: random weights
+shaped so that every answer to a request with tools opens a ``<tool_call>`` and llama-server's grammar
+completes it), served with ``--jinja --chat-template-file`` Qwen2.5's template from the llama.cpp sdist.
+Each plugin run is a real ``pytest`` subprocess (``--cachecheck-episodes builtin -k <tool episodes>``);
+everything is asserted from its JSON report. Whether the cache changes a trajectory is recorded and
+printed (``MEASURED``), never assumed (tests/support/TOOLCALL_FINDINGS.md). At most one llama-server runs
+at a time (the control's two), each stopped when its test ends. By default four tool episodes run (one
+per tool family, to keep the file near 3 minutes on 2 cores); ``CACHECHECK_E2E_TOOL_EPISODES=all`` runs
+all ten. With ``CI`` set, failing to obtain llama-server fails these tests instead of skipping them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Sequence
+
+import pytest
+
+pytest.importorskip("gguf")
+
+from pytest_cachecheck.episodes import builtin_episodes  # noqa: E402
+from pytest_cachecheck.llama_server import LlamaServer  # noqa: E402
+from pytest_cachecheck.serve import ensure_llama_server, ensure_template, tools_model  # noqa: E402
+
+pytestmark = pytest.mark.e2e
+
+TOOL_EPISODES = {e.id: set(e.tool_names) for e in builtin_episodes() if e.tools}
+DEFAULT_EPISODES = ("weather-two-cities", "shopping-total", "calendar-week", "files-find-notes")
+
+
+def _log(message: str) -> None:
+    sys.stderr.write(message + "\n")
+
+
+def selected() -> List[str]:
+    return sorted(TOOL_EPISODES) if os.environ.get("CACHECHECK_E2E_TOOL_EPISODES") == "all" \
+        else list(DEFAULT_EPISODES)
+
+
+@pytest.fixture(scope="session")
+def llama_binary() -> str:
+    try:
+        return str(ensure_llama_server(_log))
+    except Exception as exc:  # noqa: BLE001 - any failure to obtain the binary
+        if os.environ.get("CI"):
+            pytest.fail(f"llama-server could not be obtained in CI: {exc}", pytrace=False)
+        pytest.skip(f"llama-server not available: {exc}")
+
+
+@contextlib.contextmanager
+def serving(binary: str, ftype: str, *args: str, copies: int = 1) -> Iterator[List[LlamaServer]]:
+    """``copies`` llama-servers on the tools model with Qwen2.5's template, stopped on exit."""
+    flags = ("--jinja", "--chat-template-file", str(ensure_template(_log))) + args
+    servers = [LlamaServer(binary, tools_model(_log, ftype), extra_args=flags) for _ in range(copies)]
+    try:
+        for srv in servers:
+            try:
+                srv.start(timeout=180)
+            except Exception:
+                _log(srv.log_tail(80))
+                raise
+        yield servers
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+@dataclass
+class Run:
+    ret: int
+    out: str
+    data: Dict[str, Any]
+
+    @property
+    def episodes(self) -> List[Dict[str, Any]]:
+        return self.data["episodes"]
+
+    def outcomes(self) -> Counter:
+        return Counter(e["outcome"] for e in self.episodes)
+
+
+def plugin_run(folder: Path, url: str, episodes: Sequence[str], *args: str) -> Run:
+    report = folder / "report.json"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHECHECK_URL", "CACHECHECK_API"))}
+    proc = subprocess.run([sys.executable, "-m", "pytest", f"--cachecheck-url={url}", "--cachecheck-episodes=builtin",
+                           "-k", " or ".join(episodes), f"--cachecheck-report={report}", "-p", "no:cacheprovider",
+                           "-rfEs", *args], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, timeout=1200)
+    assert report.is_file(), proc.stdout[-4000:]
+    return Run(proc.returncode, proc.stdout, json.loads(report.read_text()))
+
+
+def tool_steps(episode: Dict[str, Any]) -> List[Dict[str, Any]]:
+    return [st for p in episode["paths"] for st in p["steps"] if st["tool_calls"]]
+
+
+@pytest.mark.parametrize("ftype", ["f32", "q4_0"])
+def test_builtin_tool_episodes(llama_binary: str, tmp_path: Path, ftype: str) -> None:
+    episodes = selected()
+    with serving(llama_binary, ftype) as (srv,):
+        run = plugin_run(tmp_path, srv.url, episodes)
+    assert sorted(e["id"] for e in run.episodes) == sorted(episodes), run.out[-3000:]
+    assert run.data["probes"] == [] and run.data["mode"] == "llama.cpp"
+    outcomes = run.outcomes()
+    assert outcomes["error"] == 0, run.out[-4000:]
+    calls: Counter = Counter()
+    for e in run.episodes:
+        assert e["outcome"] in ("same", "different", "inconclusive"), e
+        if e["outcome"] != "same":
+            assert e["reason"], e["id"]                      # a changed or inconclusive episode says why
+        assert [p["path"] for p in e["paths"]] == ["cache-1", "recompute-1", "cache-2", "recompute-2"]
+        for p in e["paths"]:
+            # step 1 is tool_choice "required" in every built-in tool episode: the server returned tool_calls
+            first = p["steps"][0]
+            assert first["tool_calls"] and first["finish_reason"] == "tool_calls", (e["id"], p["path"], first)
+        for st in tool_steps(e):
+            assert st["finish_reason"] == "tool_calls" and not st["content"], (e["id"], st)
+            for c in st["tool_calls"]:
+                assert c["name"] in TOOL_EPISODES[e["id"]], (e["id"], c)
+                assert isinstance(json.loads(c["arguments"]), dict), (e["id"], c)
+                calls[c["name"]] += 1
+        if e["outcome"] in ("same", "different"):
+            # the hit after a call reaches through the previous step's answer: the template re-rendered the
+            # call as (nearly) the tokens the model generated; count the exact ones
+            for p in e["paths"][::2]:
+                for prev, cur in zip(p["steps"], p["steps"][1:]):
+                    assert cur["cached_tokens"] > prev["prompt_tokens"], (e["id"], p["path"], cur["step"])
+    exact = sum(cur["cached_tokens"] == prev["prompt_tokens"] + prev["completion_tokens"] - 1
+                for e in run.episodes for p in e["paths"][::2] for prev, cur in zip(p["steps"], p["steps"][1:])
+                if prev["tool_calls"])
+    after_call = sum(1 for e in run.episodes for p in e["paths"][::2] for prev in p["steps"][:-1] if prev["tool_calls"])
+    assert sum(calls.values()) >= 4 * len(episodes)
+    valid = outcomes["same"] + outcomes["different"]
+    s = run.data["episode_summary"]
+    assert (s["valid"], s["changed"], s["inconclusive"], s["errors"]) == \
+        (valid, outcomes["different"], outcomes["inconclusive"], 0)
+    assert run.ret == (1 if outcomes["different"] or outcomes["inconclusive"] else 0), run.out[-3000:]
+    reasons = Counter(e["reason"].split(";")[0][:90] for e in run.episodes if e["outcome"] == "inconclusive")
+    changed = [e["id"] for e in run.episodes if e["outcome"] == "different"]
+    print(f"\nMEASURED tool episodes, tiny {ftype}: changed {outcomes['different']} of {valid} valid {changed}; "
+          f"inconclusive {outcomes['inconclusive']} {dict(reasons)}; {sum(calls.values())} tool calls "
+          f"{dict(calls)}; cache hits after a call: {exact} of {after_call} exactly prompt + answer - 1")
+
+
+def test_both_caches_off_control(llama_binary: str, tmp_path: Path) -> None:
+    """Two servers with the prompt cache off: the 'cache' and 'recompute' paths both compute from scratch,
+    so no trajectory may change."""
+    episodes = selected()[:2]
+    with serving(llama_binary, "f32", "--no-cache-prompt", copies=2) as (first, second):
+        run = plugin_run(tmp_path, first.url, episodes, f"--cachecheck-nocache-url={second.url}",
+                         "--cachecheck-skip-hit-check")
+    print(f"\nMEASURED both caches off (control), tool episodes, tiny f32: "
+          f"changed {run.outcomes()['different']} of {len(run.episodes)} {dict(run.outcomes())}")
+    assert run.outcomes() == {"same": len(episodes)}, run.out[-4000:]
+    for e in run.episodes:
+        assert tool_steps(e)
+        assert all(st["cached_tokens"] == 0 for p in e["paths"] for st in p["steps"])  # no cache anywhere
+    assert run.ret == 0
