@@ -74,6 +74,14 @@ def _obtain(what: str, make: Callable[[], Any]) -> Any:
         pytest.skip(f"{what} not available: {exc}")
 
 
+@pytest.fixture(scope="session")
+def llama_binary() -> str:
+    """The llama-server binary, built once (cached under ~/.cache/pytest-cachecheck)."""
+    from pytest_cachecheck.serve import ensure_llama_server
+
+    return str(_obtain("llama-server", lambda: ensure_llama_server(_log)))
+
+
 class RealServers:
     """Real servers of one kind by configuration name, each started once per session (a pool bounds how
     many are alive). Asking for one stops every other kind's servers first. A server that fails to start

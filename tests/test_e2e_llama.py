@@ -20,23 +20,13 @@ from typing import Any, Callable, Dict, Iterator, Tuple
 import pytest
 
 from pytest_cachecheck.llama_server import LlamaServer
-from pytest_cachecheck.serve import demo_model, ensure_llama_server
+from pytest_cachecheck.serve import demo_model
 
 pytestmark = pytest.mark.e2e
 
 
 def _log(message: str) -> None:
     sys.stderr.write(message + "\n")
-
-
-@pytest.fixture(scope="session")
-def llama_binary() -> str:
-    try:
-        return str(ensure_llama_server(_log))
-    except Exception as exc:  # noqa: BLE001 - any failure to obtain the binary
-        if os.environ.get("CI"):
-            pytest.fail(f"llama-server could not be obtained in CI: {exc}", pytrace=False)
-        pytest.skip(f"llama-server not available: {exc}")
 
 
 @pytest.fixture(scope="session")

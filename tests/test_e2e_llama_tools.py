@@ -29,7 +29,7 @@ pytest.importorskip("gguf")
 
 from pytest_cachecheck.episodes import builtin_episodes  # noqa: E402
 from pytest_cachecheck.llama_server import LlamaServer  # noqa: E402
-from pytest_cachecheck.serve import ensure_llama_server, ensure_template, tools_model  # noqa: E402
+from pytest_cachecheck.serve import ensure_template, tools_model  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 
@@ -44,16 +44,6 @@ def _log(message: str) -> None:
 def selected() -> List[str]:
     return sorted(TOOL_EPISODES) if os.environ.get("CACHECHECK_E2E_TOOL_EPISODES") == "all" \
         else list(DEFAULT_EPISODES)
-
-
-@pytest.fixture(scope="session")
-def llama_binary() -> str:
-    try:
-        return str(ensure_llama_server(_log))
-    except Exception as exc:  # noqa: BLE001 - any failure to obtain the binary
-        if os.environ.get("CI"):
-            pytest.fail(f"llama-server could not be obtained in CI: {exc}", pytrace=False)
-        pytest.skip(f"llama-server not available: {exc}")
 
 
 @contextlib.contextmanager
