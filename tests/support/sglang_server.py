@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from pytest_cachecheck.llama_server import cache_dir
-from tests.support.venv_server import Log, ServerProcess, ServerProcessError, ensure_venv
+from tests.support.venv_server import (Log, ServerProcess, ServerProcessError, ensure_venv, install_main,
+                                       log_stderr)
 
 SGLANG_VERSION = "0.5.23"
 ENV_PYTHON = "CACHECHECK_SGLANG_PYTHON"
@@ -51,11 +52,7 @@ def requirements() -> Tuple[str, ...]:
     return tuple(line for line in lines if line)
 
 
-def _log_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def ensure_sglang(log: Log = _log_stderr) -> Path:
+def ensure_sglang(log: Log = log_stderr) -> Path:
     """A Python with SGLang: ``$CACHECHECK_SGLANG_PYTHON``, else the cached venv (installed on first use)."""
     explicit = os.environ.get(ENV_PYTHON)
     if explicit:
@@ -184,16 +181,7 @@ def configured_server(name: str, python: "os.PathLike[str] | str", model: "os.Pa
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args != ["install"]:
-        _log_stderr("usage: python3 -m tests.support.sglang_server install")
-        return 2
-    try:
-        print(ensure_sglang())
-    except (ServerProcessError, OSError) as exc:
-        _log_stderr(f"cachecheck: SGLang could not be installed: {exc}")
-        return 1
-    return 0
+    return install_main(argv, "sglang_server", "SGLang", ensure_sglang)
 
 
 if __name__ == "__main__":

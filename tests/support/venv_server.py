@@ -346,3 +346,22 @@ def _model_version() -> int:
         if line.startswith("MODEL_VERSION ="):
             return int(line.split("=", 1)[1])
     raise ServerProcessError("tests/support/tiny_hf_model.py has no MODEL_VERSION")
+
+
+def log_stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def install_main(argv: Optional[Sequence[str]], module: str, what: str, ensure: Callable[[], Path]) -> int:
+    """``python3 -m tests.support.<module> install``: ``ensure()`` and print the server's Python (exit 0),
+    or say why it could not be installed (exit 1); any other argument is a usage error (exit 2)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args != ["install"]:
+        log_stderr(f"usage: python3 -m tests.support.{module} install")
+        return 2
+    try:
+        print(ensure())
+    except (ServerProcessError, OSError) as exc:
+        log_stderr(f"cachecheck: {what} could not be installed: {exc}")
+        return 1
+    return 0

