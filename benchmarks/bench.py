@@ -1,7 +1,13 @@
 """Benchmarks against real tiny llama-servers; run on demand, they print figures (no pass/fail).
 
     python benchmarks/bench.py [--ftypes f16,q4_0] [--probes 12] [--max-tokens 128] [--rounds 1]
-                               [--before PATH]
+                               [--before PATH] [--width 128] [--layers 2]
+
+Models: the tiny demo models (width 128, 2 layers), or with ``--width``/``--layers`` the same random-weight
+shaping at another size (written once into the cache), so that a forward pass costs what a real model's
+does while the server's fixed cost per token (llama-server's logprobs: a softmax over the whole vocabulary
+for every token) stays the same. The one-server part first prints that cost: server CPU of a turn-1 answer
+without and with top-2 logprobs.
 
 Per model (the tiny demo models, built once and cached):
 
@@ -45,7 +51,8 @@ import requests
 
 from pytest_cachecheck.llama_server import LlamaServer
 from pytest_cachecheck.probes import builtin_probes
-from pytest_cachecheck.serve import demo_model, ensure_llama_server
+from pytest_cachecheck.llama_server import cache_dir
+from pytest_cachecheck.serve import demo_model, ensure_llama_server, ensure_vocab
 
 ONE_THREAD = ("-t", "1", "-tb", "1")
 
@@ -75,6 +82,44 @@ def cpu_of(servers: Sequence[LlamaServer], work: Callable[[], Any]) -> Tuple[Any
     s0, c0 = server_cpu(servers), time.process_time() + children_cpu()
     result = work()
     return result, server_cpu(servers) - s0, time.process_time() + children_cpu() - c0
+
+
+def bench_model(ftype: str, width: int, layers: int) -> Path:
+    """The demo model's shaping at another size (cached): width and depth set how much a forward pass
+    costs, against the fixed cost per token of whatever the server does outside it (logprobs)."""
+    if (width, layers) == (128, 2):
+        return demo_model(log, ftype)
+    path = cache_dir() / "models" / f"bench-{ftype}-w{width}-l{layers}.gguf"
+    if not path.is_file():
+        from pytest_cachecheck.tinymodel import TinyModelConfig, write_tiny_model
+        config = TinyModelConfig(n_layer=layers, n_embd=width, n_head=max(width // 32, 1),
+                                 n_head_kv=max(width // 64, 1), n_ff=2 * width)
+        log(f"writing {path}")
+        write_tiny_model(path, ftype, vocab_gguf=ensure_vocab(log), config=config)
+    return path
+
+
+def logprob_cost(server: LlamaServer, max_tokens: int, rounds: int = 4) -> str:
+    """Server CPU of one turn-1 request without and with top-2 logprobs (every token generated: no end)."""
+    session = requests.Session()
+    body = {"messages": builtin_probes()[0].turn1_messages(), "temperature": 0,
+            "max_tokens": max_tokens, "samplers": ["temperature"], "cache_prompt": False, "ignore_eos": True}
+    per: Dict[str, float] = {}
+    tokens = 0
+    for name, extra in (("plain", {}), ("logprobs", {"logprobs": True, "top_logprobs": 2})):
+        def work() -> int:
+            n = 0
+            for _ in range(rounds):
+                r = session.post(server.url + "/v1/chat/completions", json=dict(body, **extra), timeout=600)
+                r.raise_for_status()
+                n = r.json()["usage"]["completion_tokens"]
+            return n
+        tokens, cpu, _ = cpu_of([server], work)
+        per[name] = cpu / rounds
+    extra_ms = (per["logprobs"] - per["plain"]) / max(tokens, 1) * 1000
+    return (f"server CPU of a {tokens}-token answer: {per['plain']:.3f} s plain, {per['logprobs']:.3f} s with "
+            f"top-2 logprobs ({per['logprobs'] / per['plain']:.2f}x): {per['plain'] / max(tokens, 1) * 1000:.2f} "
+            f"ms a token for the model, {extra_ms:.2f} ms a token for the logprobs")
 
 
 def bare_protocol(url: str, n: int, max_tokens: int, nocache_url: Optional[str] = None) -> float:
@@ -279,6 +324,9 @@ def main() -> int:
     parser.add_argument("--probes", type=int, default=12)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--width", type=int, default=128,
+                        help="embedding width of the model (128: the demo model; wider costs more a token)")
+    parser.add_argument("--layers", type=int, default=2, help="layers of the model (2: the demo model)")
     parser.add_argument("--before", help="also run the plugin imported from this folder (an older checkout)")
     parser.add_argument("--threads", default="1",
                         help="llama-server -t and -tb of the overhead runs ('default': the server's own)")
@@ -299,10 +347,11 @@ def main() -> int:
           f"{opts.probes} probes, max_tokens {opts.max_tokens}, {opts.rounds} round(s); overhead servers "
           f"{' '.join(threads) or 'with default threads'}", flush=True)
     for ftype in opts.ftypes.split(","):
-        model = demo_model(log, ftype)
-        print(f"model tiny {ftype}:", flush=True)
+        model = bench_model(ftype, opts.width, opts.layers)
+        print(f"model {model.name} ({ftype}, width {opts.width}, {opts.layers} layers):", flush=True)
         if "one" not in skip:
             with LlamaServer(binary, model, extra_args=threads) as one:
+                print(f"  {logprob_cost(one, opts.max_tokens)}", flush=True)
                 overhead("llama.cpp mode, one server", opts, [one])
         if "two" not in skip:
             with LlamaServer(binary, model, extra_args=threads) as cache, \

@@ -20,30 +20,28 @@ if TYPE_CHECKING:
 GATE = "gate"  # the gate item's name: node id ``cachecheck::gate``
 
 
-@pytest.mark.cachecheck
-def probe(cachecheck_probe: object, cachecheck_probe_result: ProbeRecord,
-          cachecheck_expected_divergence: Callable[[ProbeRecord], Optional[str]]) -> None:
-    result = cachecheck_probe_result
+def _verdict(result: "ProbeRecord | EpisodeRecord",
+             expected_divergence: Callable[[Any], Optional[str]]) -> None:
+    """An invalid measurement is a skip, an expected divergence an xfail, any other divergence a failure."""
     if result.outcome == Outcome.INCONCLUSIVE:
         pytest.skip(result.reason)
     if result.outcome == Outcome.DIFFERENT:
-        expected = cachecheck_expected_divergence(result)
+        expected = expected_divergence(result)
         if expected:
             pytest.xfail(f"{expected}: {result.message()}")
         pytest.fail(result.message(), pytrace=False)
+
+
+@pytest.mark.cachecheck
+def probe(cachecheck_probe: object, cachecheck_probe_result: ProbeRecord,
+          cachecheck_expected_divergence: Callable[[ProbeRecord], Optional[str]]) -> None:
+    _verdict(cachecheck_probe_result, cachecheck_expected_divergence)
 
 
 @pytest.mark.cachecheck
 def episode(cachecheck_episode: object, cachecheck_episode_result: EpisodeRecord,
             cachecheck_expected_divergence: Callable[[EpisodeRecord], Optional[str]]) -> None:
-    result = cachecheck_episode_result
-    if result.outcome == Outcome.INCONCLUSIVE:
-        pytest.skip(result.reason)
-    if result.outcome == Outcome.DIFFERENT:
-        expected = cachecheck_expected_divergence(result)
-        if expected:
-            pytest.xfail(f"{expected}: {result.message()}")
-        pytest.fail(result.message(), pytrace=False)
+    _verdict(cachecheck_episode_result, cachecheck_expected_divergence)
 
 
 class GateItem(pytest.Item):

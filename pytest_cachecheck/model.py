@@ -328,8 +328,28 @@ ANSWER_STEPS = {"turn1": ("cache-1/turn-1", "cache-2/turn-1"), "cache": ("cache-
                 "recompute": ("recompute-1/turn-2", "recompute-2/turn-2")}
 
 
+class _Measured:
+    """What a probe's and an episode's record share: the key they go by, and their outcome read out."""
+
+    id: str
+    target: Optional[str]
+    outcome: Outcome
+
+    @property
+    def key(self) -> str:
+        return record_key(self.id, self.target)
+
+    @property
+    def valid(self) -> bool:
+        return self.outcome.valid
+
+    @property
+    def same(self) -> bool:
+        return self.outcome == Outcome.SAME
+
+
 @dataclass
-class ProbeRecord:
+class ProbeRecord(_Measured):
     """One probe's measurement: outcome, why, the divergence, every request, and where it ran.
 
     ``cachecheck.check()`` returns one of these (``.valid``, ``.same``, ``.different``, ``.reason``,
@@ -354,18 +374,6 @@ class ProbeRecord:
     def __repr__(self) -> str:
         # short, and without the answers (a traceback with -l shows it; answers may echo what was sent)
         return f"ProbeRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
-
-    @property
-    def key(self) -> str:
-        return record_key(self.id, self.target)
-
-    @property
-    def valid(self) -> bool:
-        return self.outcome.valid
-
-    @property
-    def same(self) -> bool:
-        return self.outcome == Outcome.SAME
 
     @property
     def different(self) -> bool:
@@ -504,7 +512,7 @@ class Parting:
 
 
 @dataclass
-class EpisodeRecord:
+class EpisodeRecord(_Measured):
     """One episode's measurement: outcome, why, where the trajectories parted, every path's steps."""
 
     id: str
@@ -524,18 +532,6 @@ class EpisodeRecord:
 
     def __repr__(self) -> str:
         return f"EpisodeRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
-
-    @property
-    def key(self) -> str:
-        return record_key(self.id, self.target)
-
-    @property
-    def valid(self) -> bool:
-        return self.outcome.valid
-
-    @property
-    def same(self) -> bool:
-        return self.outcome == Outcome.SAME
 
     @property
     def changed(self) -> bool:

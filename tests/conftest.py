@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, Generator, Iterator, List
+from typing import Any, Callable, Dict, Generator, Iterator, List, Tuple
 
 import pytest
 import requests  # noqa: F401 - imported before any in-process pytester run, see below
@@ -16,6 +16,7 @@ import requests  # noqa: F401 - imported before any in-process pytester run, see
 
 from pytest_cachecheck.llama_server import cache_dir
 from tests.support.emulator import Emulator, EmulatorConfig
+from tests.support.plugin_runs import Run, run_plugin
 from tests.support.sglang_server import configured_server as configured_sglang
 from tests.support.sglang_server import ensure_sglang
 from tests.support.venv_server import ServerPool, ServerProcess, tiny_model_dir
@@ -72,6 +73,20 @@ def _obtain(what: str, make: Callable[[], Any]) -> Any:
         if os.environ.get("CI"):
             pytest.fail(f"{what} could not be obtained in CI: {exc}", pytrace=False)
         pytest.skip(f"{what} not available: {exc}")
+
+
+@pytest.fixture(scope="session")
+def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
+    """Run ``pytest`` with the plugin in an empty folder (a subprocess, tests/support/plugin_runs.py), once
+    per set of arguments: the tests that read one run share it."""
+    done: Dict[Tuple[str, ...], Run] = {}
+
+    def run(*args: str) -> Run:
+        if args not in done:
+            done[args] = run_plugin(tmp_path_factory.mktemp("run"), *args)
+        return done[args]
+
+    return run
 
 
 @pytest.fixture(scope="session")

@@ -9,15 +9,12 @@ made once per session and shared by the tests that read it.
 from __future__ import annotations
 
 import fnmatch
-import json
-import os
-import subprocess
 import sys
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Tuple
 
 import pytest
+
+from tests.support.plugin_runs import PLAIN_EPISODES, Run, check_episode_run, episode_args
 
 from pytest_cachecheck.llama_server import LlamaServer
 from pytest_cachecheck.serve import demo_model
@@ -52,46 +49,6 @@ def llama_servers(llama_binary: str) -> Iterator[Callable[..., LlamaServer]]:
     yield get
     for server in started.values():
         server.stop()
-
-
-@dataclass
-class Run:
-    ret: int
-    out: str
-    data: Dict[str, Any]
-    report: Path
-
-    def counts(self) -> Dict[str, int]:
-        counts: Dict[str, int] = {}
-        for p in self.data["probes"]:
-            counts[p["outcome"]] = counts.get(p["outcome"], 0) + 1
-        return counts
-
-    def figures(self, label: str) -> None:
-        s = self.data["summary"]
-        print(f"\nMEASURED {label}: {s['different']} of {s['valid']} valid probes differed "
-              f"({s['inconclusive']} inconclusive, {s['errors']} errors) "
-              f"{[p['id'] for p in self.data['probes'] if p['outcome'] == 'different']}")
-
-
-@pytest.fixture(scope="session")
-def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
-    """Run ``pytest`` with the plugin in an empty folder (a subprocess), once per set of arguments."""
-    done: Dict[Tuple[str, ...], Run] = {}
-
-    def run(*args: str) -> Run:
-        if args not in done:
-            folder = tmp_path_factory.mktemp("run")
-            report = folder / "report.json"
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHECHECK_URL", "CACHECHECK_API"))}
-            proc = subprocess.run([sys.executable, "-m", "pytest", *args, f"--cachecheck-report={report}",
-                                   "-p", "no:cacheprovider", "-rfEs"], cwd=folder, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1200)
-            assert report.is_file(), proc.stdout[-4000:]
-            done[args] = Run(proc.returncode, proc.stdout, json.loads(report.read_text()), report)
-        return done[args]
-
-    return run
 
 
 def assert_hits_cover_turn1(probe: Dict[str, Any]) -> None:
@@ -313,41 +270,7 @@ def test_target_matrix_f32_and_q4_0(plugin_run, llama_servers):
 # -- episodes: whole trajectories on real llama-servers ---------------------------------------------------------
 #: the plain built-in episodes (multi-turn chats) run on the demo model; a tool episode rides along on the
 #: F32 run, where the demo server (no --jinja) ignores tools: it must come out inconclusive, naming why
-PLAIN_EPISODES = ("garden-plan", "bread-troubleshoot", "trip-to-lisbon", "learn-chess", "budget-month",
-                  "running-plan", "explain-tides", "write-cover-letter", "home-energy", "debug-python")
 TOOL_EPISODES = ("weather-walk",)
-EPISODE_TOKENS = "--cachecheck-max-tokens=64"  # 64 tokens a step, as the study's harness
-
-
-def episode_args(ids: Tuple[str, ...]) -> Tuple[str, ...]:
-    # min-valid 0.5: the two tool episodes are inconclusive on purpose, and an empty answer (the end token
-    # first) leaves a step with nothing for the next hit to reach into
-    return ("--cachecheck-episodes=builtin", "-k", " or ".join(ids + ("gate",)), EPISODE_TOKENS,
-            "--cachecheck-min-valid=0.5")
-
-
-def episode_figures(run: Run, label: str) -> None:
-    s = run.data["episode_summary"]
-    firsts = [e["parting"]["step"] for e in run.data["episodes"] if e["outcome"] == "different"]
-    print(f"\nMEASURED episodes, {label}: trajectories changed {s['changed']} of {s['valid']} valid "
-          f"({s['inconclusive']} inconclusive, {s['errors']} errors); first parting steps {sorted(firsts)}; "
-          f"changed {[e['id'] for e in run.data['episodes'] if e['outcome'] == 'different']}")
-
-
-def check_episode_hits(episode: Dict[str, Any], tolerance: int) -> None:
-    """Every cache-path step after the first reused the previous step's prompt and answer (llama-server:
-    exactly prompt + answer - 1), every recompute step and every first step reused nothing."""
-    for path in episode["paths"]:
-        steps = path["steps"]
-        where = (episode["id"], path["path"])
-        if path["path"].startswith("recompute"):
-            assert all(s["cached_tokens"] == 0 for s in steps), where
-            continue
-        assert steps[0]["cached_tokens"] == 0, where
-        for prev, cur in zip(steps, steps[1:]):
-            full = prev["prompt_tokens"] + prev["completion_tokens"] - 1
-            assert full - tolerance <= cur["cached_tokens"] <= full, (*where, cur["step"])
-            assert cur["cached_tokens"] > prev["prompt_tokens"], (*where, cur["step"])
 
 
 @pytest.mark.parametrize("ftype", ["f32", "q4_0"])
@@ -356,32 +279,12 @@ def test_builtin_episodes_on_llama_server(plugin_run, llama_servers, ftype):
     item per episode with a real outcome, the parting step of every changed trajectory, the rate."""
     ids = PLAIN_EPISODES + (TOOL_EPISODES if ftype == "f32" else ())
     run = plugin_run(f"--cachecheck-url={llama_servers(ftype).url}", *episode_args(ids))
-    episode_figures(run, f"tiny {ftype}, plain episodes, 64 tokens a step")
-    episodes = {e["id"]: e for e in run.data["episodes"]}
-    assert sorted(episodes) == sorted(ids) and run.data["probes"] == [], run.out[-3000:]
+    run.episode_figures(f"tiny {ftype}, plain episodes, 64 tokens a step")
     for eid in TOOL_EPISODES if ftype == "f32" else ():
-        e = episodes.pop(eid)
+        e = next(e for e in run.episodes if e["id"] == eid)
         assert e["outcome"] == "inconclusive" and "the server ignores the tools" in e["reason"], e["reason"]
-    outcomes = [e["outcome"] for e in episodes.values()]
-    assert "error" not in outcomes, run.out[-3000:]
-    assert outcomes.count("same") + outcomes.count("different") >= len(outcomes) // 2, run.out[-3000:]
-    for e in episodes.values():
-        if e["outcome"] == "inconclusive":
-            assert "step" in e["reason"] and e["reason"].startswith("inconclusive:"), e["reason"]
-            continue
-        check_episode_hits(e, e["hit_tolerance"])
-        assert all(len(p["steps"]) >= 4 for p in e["paths"]), e["id"]  # multi-turn: the user turns ran
-        if e["outcome"] == "different":
-            parting = e["parting"]
-            assert parting["step"] >= 1 and parting["what"] == "text"  # no tools in these episodes
-            assert f"episode[{e['id']}]" in run.out and f"parted at step {parting['step']}" in run.out
-    s = run.data["episode_summary"]
-    assert s["valid"] == outcomes.count("same") + outcomes.count("different")
-    assert s["changed"] == outcomes.count("different")
-    different = outcomes.count("different")
-    assert f"{different} of {s['valid']} valid episodes took a different trajectory" in run.out
+    check_episode_run(run, PLAIN_EPISODES, besides=TOOL_EPISODES if ftype == "f32" else ())
     assert "trajectory change rate" in run.out and "95% Wilson interval" in run.out
-    assert run.ret == (1 if different else 0)
 
 
 def test_episodes_both_caches_off_control(plugin_run, llama_servers):
@@ -390,7 +293,7 @@ def test_episodes_both_caches_off_control(plugin_run, llama_servers):
     second = llama_servers("f32", "--no-cache-prompt", copy=1)
     run = plugin_run(f"--cachecheck-url={first.url}", f"--cachecheck-nocache-url={second.url}",
                      "--cachecheck-skip-hit-check", *episode_args(PLAIN_EPISODES[:6]))
-    episode_figures(run, "both caches off (control), tiny f32")
+    run.episode_figures("both caches off (control), tiny f32")
     assert [e["outcome"] for e in run.data["episodes"]] == ["same"] * 6, run.out[-3000:]
     for e in run.data["episodes"]:
         assert all(s["cached_tokens"] == 0 for p in e["paths"] for s in p["steps"])  # really no cache

@@ -16,14 +16,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import subprocess
 import sys
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Sequence
 
 import pytest
+
+from tests.support.plugin_runs import Run, run_plugin
 
 pytest.importorskip("gguf")
 
@@ -64,29 +64,9 @@ def serving(binary: str, ftype: str, *args: str, copies: int = 1) -> Iterator[Li
             srv.stop()
 
 
-@dataclass
-class Run:
-    ret: int
-    out: str
-    data: Dict[str, Any]
-
-    @property
-    def episodes(self) -> List[Dict[str, Any]]:
-        return self.data["episodes"]
-
-    def outcomes(self) -> Counter:
-        return Counter(e["outcome"] for e in self.episodes)
-
-
-def plugin_run(folder: Path, url: str, episodes: Sequence[str], *args: str) -> Run:
-    report = folder / "report.json"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CACHECHECK_URL", "CACHECHECK_API"))}
-    proc = subprocess.run([sys.executable, "-m", "pytest", f"--cachecheck-url={url}", "--cachecheck-episodes=builtin",
-                           "-k", " or ".join(episodes), f"--cachecheck-report={report}", "-p", "no:cacheprovider",
-                           "-rfEs", *args], cwd=folder, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=1200)
-    assert report.is_file(), proc.stdout[-4000:]
-    return Run(proc.returncode, proc.stdout, json.loads(report.read_text()))
+def tool_run(folder: Path, url: str, episodes: Sequence[str], *args: str) -> Run:
+    return run_plugin(folder, f"--cachecheck-url={url}", "--cachecheck-episodes=builtin",
+                      "-k", " or ".join(episodes), *args)
 
 
 def tool_steps(episode: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -97,7 +77,7 @@ def tool_steps(episode: Dict[str, Any]) -> List[Dict[str, Any]]:
 def test_builtin_tool_episodes(llama_binary: str, tmp_path: Path, ftype: str) -> None:
     episodes = selected()
     with serving(llama_binary, ftype) as (srv,):
-        run = plugin_run(tmp_path, srv.url, episodes)
+        run = tool_run(tmp_path, srv.url, episodes)
     assert sorted(e["id"] for e in run.episodes) == sorted(episodes), run.out[-3000:]
     assert run.data["probes"] == [] and run.data["mode"] == "llama.cpp"
     outcomes = run.outcomes()
@@ -146,7 +126,7 @@ def test_both_caches_off_control(llama_binary: str, tmp_path: Path) -> None:
     so no trajectory may change."""
     episodes = selected()[:2]
     with serving(llama_binary, "f32", "--no-cache-prompt", copies=2) as (first, second):
-        run = plugin_run(tmp_path, first.url, episodes, f"--cachecheck-nocache-url={second.url}",
+        run = tool_run(tmp_path, first.url, episodes, f"--cachecheck-nocache-url={second.url}",
                          "--cachecheck-skip-hit-check")
     print(f"\nMEASURED both caches off (control), tool episodes, tiny f32: "
           f"changed {run.outcomes()['different']} of {len(run.episodes)} {dict(run.outcomes())}")

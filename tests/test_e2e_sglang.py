@@ -9,15 +9,12 @@ What the server does (same or different) is recorded, never assumed.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, Tuple
+from typing import Any, Dict, Iterator, Tuple
 
 import pytest
 
+
+from tests.support.plugin_runs import PLAIN_EPISODES, Run, check_episode_run, episode_args
 from tests.support.sglang_server import STARTED
 
 pytestmark = pytest.mark.e2e
@@ -28,46 +25,6 @@ pytestmark = pytest.mark.e2e
 # of the 20 built-in probes (tests/support/SGLANG_FINDINGS.md has the figures of all 20)
 MAX_TOKENS = "--cachecheck-max-tokens=32"
 ONE_SERVER_ARGS: Tuple[str, ...] = (MAX_TOKENS, "--cachecheck-n=10")
-
-
-@dataclass
-class Run:
-    ret: int
-    out: str
-    data: Dict[str, Any]
-
-    def counts(self) -> Dict[str, int]:
-        counts: Dict[str, int] = {}
-        for p in self.data["probes"]:
-            counts[p["outcome"]] = counts.get(p["outcome"], 0) + 1
-        return counts
-
-    def figures(self, label: str) -> None:
-        s = self.data["summary"]
-        print(f"\nMEASURED {label}: {s['different']} of {s['valid']} valid probes differed "
-              f"({s['inconclusive']} inconclusive, {s['errors']} errors) "
-              f"{[p['id'] for p in self.data['probes'] if p['outcome'] == 'different']}")
-
-
-@pytest.fixture(scope="module")
-def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
-    """Run ``pytest`` with the plugin in an empty folder (a subprocess), once per set of arguments."""
-    done: Dict[Tuple[str, ...], Run] = {}
-
-    def run(*args: str) -> Run:
-        if args not in done:
-            folder = tmp_path_factory.mktemp("sglang-run")
-            report = folder / "report.json"
-            env = {k: v for k, v in os.environ.items()
-                   if not k.startswith(("CACHECHECK_URL", "CACHECHECK_API"))}
-            proc = subprocess.run([sys.executable, "-m", "pytest", *args, f"--cachecheck-report={report}",
-                                   "-p", "no:cacheprovider", "-rfEs"], cwd=folder, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1500)
-            assert report.is_file(), proc.stdout[-4000:]
-            done[args] = Run(proc.returncode, proc.stdout, json.loads(report.read_text()))
-        return done[args]
-
-    return run
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -137,6 +94,38 @@ def test_two_servers_mode(plugin_run, sglang_servers):
     for probe in run.data["probes"]:
         check_requests(probe)
         assert [r["server"] for r in probe["requests"]] == ["cache", "cache", "nocache"] * 2  # cache-1, recompute-1, cache-2, recompute-2
+
+
+#: the ten plain built-in episodes on real SGLang, 32 tokens a step (about a minute)
+EPISODES = PLAIN_EPISODES
+
+
+def test_plain_episodes_on_real_sglang(plugin_run, sglang_servers):
+    """Episodes on real SGLang, one-server mode (one ``cache_salt`` for each cache-path walk, a new one for
+    every recompute request). Page size 1: every cache-path step after the first reuses the previous prompt
+    + answer - 1, or one more where that answer ended with EOS (the overlap scheduler); nothing else is
+    reused; whether a trajectory changes is recorded, never assumed."""
+    run = plugin_run(f"--cachecheck-url={sglang_servers.url('default')}", *episode_args(EPISODES, 32))
+    run.episode_figures("real SGLang 0.5.23, bf16, plain episodes, 32 tokens a step")
+    check_episode_run(run, EPISODES, over=1)
+    assert run.data["mode"] == "one-server"
+
+
+def test_plain_episodes_two_servers_mode_agrees(plugin_run, sglang_servers):
+    """The same episodes with the recompute path on a ``--disable-radix-cache`` server instead of a new salt:
+    the same trajectories change, at the same steps, so a salted recompute is a recompute from scratch and
+    what changes the trajectories is the cache hit."""
+    one = plugin_run(f"--cachecheck-url={sglang_servers.url('default')}", *episode_args(EPISODES, 32))
+    cache, nocache = sglang_servers("default", "noradix")
+    two = plugin_run(f"--cachecheck-url={cache.url}", f"--cachecheck-nocache-url={nocache.url}",
+                     *episode_args(EPISODES, 32))
+    two.episode_figures("real SGLang 0.5.23, two-servers mode (recompute on --disable-radix-cache)")
+    check_episode_run(two, EPISODES, over=1)
+    assert two.data["mode"] == "two-servers"
+
+    def parted(run: Run) -> Dict[str, Any]:
+        return {e["id"]: e["parting"] and e["parting"]["step"] for e in run.episodes}
+    assert parted(two) == parted(one)
 
 
 def test_setup_checks_refuse_swapped_servers(plugin_run, sglang_servers):

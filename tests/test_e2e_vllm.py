@@ -11,68 +11,16 @@ each probe is six real generations on a 2-core machine.
 from __future__ import annotations
 
 import fnmatch
-import json
-import os
-import subprocess
-import sys
-import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Dict
 
 import pytest
+
+from tests.support.plugin_runs import Run, check_episode_run, episode_args, some_plain_episodes
 
 pytestmark = pytest.mark.e2e
 
 BLOCK = 128  # vLLM's default block on CPU
 N_MAIN = 10  # probes of the main one-server run (the other runs reuse its first ones)
-
-
-@dataclass
-class Run:
-    ret: int
-    out: str
-    data: Dict[str, Any]
-    report: Path
-    seconds: float
-
-    def counts(self) -> Dict[str, int]:
-        counts: Dict[str, int] = {}
-        for p in self.data["probes"]:
-            counts[p["outcome"]] = counts.get(p["outcome"], 0) + 1
-        return counts
-
-    def probes(self, target: str = "") -> List[Dict[str, Any]]:
-        return [p for p in self.data["probes"] if not target or p.get("target") == target]
-
-    def figures(self, label: str) -> None:
-        s = self.data["summary"]
-        print(f"\nMEASURED {label}: {s['different']} of {s['valid']} valid probes differed "
-              f"({s['inconclusive']} inconclusive, {s['errors']} errors) in {self.seconds:.0f} s "
-              f"{[p['id'] for p in self.data['probes'] if p['outcome'] == 'different']}")
-
-
-@pytest.fixture(scope="session")
-def plugin_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Run]:
-    """Run ``pytest`` with the plugin in an empty folder (a subprocess), once per set of arguments."""
-    done: Dict[Tuple[str, ...], Run] = {}
-
-    def run(*args: str) -> Run:
-        if args not in done:
-            folder = tmp_path_factory.mktemp("run")
-            report = folder / "report.json"
-            env = {k: v for k, v in os.environ.items()
-                   if not k.startswith(("CACHECHECK_URL", "CACHECHECK_API"))}
-            began = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "pytest", *args, f"--cachecheck-report={report}",
-                                   "-p", "no:cacheprovider", "-rfEs"], cwd=folder, env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=1800)
-            assert report.is_file(), proc.stdout[-4000:]
-            done[args] = Run(proc.returncode, proc.stdout, json.loads(report.read_text()), report,
-                             time.monotonic() - began)
-        return done[args]
-
-    return run
 
 
 def check_hits(probe: Dict[str, Any], block: int, clean_turn1: bool = True) -> None:
@@ -255,6 +203,26 @@ def test_block_size_32(plugin_run, vllm_servers):
     check_valid_run(run, 4, 32)
     assert run.data["hit_tolerance"] is None and run.data["probes"][0]["checks"]["hit_tolerance"] == 32
     assert run.data["server"]["details"] == {"block_size": 32, "enable_prefix_caching": True}
+
+
+#: plain built-in episodes (multi-turn chats, no tools) on real vLLM: a few, to keep CI time small
+EPISODES = some_plain_episodes(("garden-plan", "explain-tides", "budget-month"))
+
+
+def test_plain_episodes_on_real_vllm(plugin_run, vllm_servers):
+    """Episodes on real vLLM, one-server mode: the cache path keeps one ``cache_salt`` for the whole walk
+    (a new one for each walk), the recompute path a new salt for every request. Every cache-path step after
+    the first reuses whole 32-token blocks of the previous prompt + answer - 1, past the previous prompt;
+    nothing else is reused; whether a trajectory changes is recorded, never assumed."""
+    run = plugin_run(f"--cachecheck-url={vllm_servers.url('f32-b32')}", *episode_args(EPISODES))
+    run.episode_figures("real vLLM 0.32.0, float32, block 32, plain episodes, 64 tokens a step")
+    check_episode_run(run, EPISODES)
+    assert run.data["mode"] == "one-server"
+    for e in run.episodes:
+        for path in e["paths"]:
+            assert all(step["cached_tokens"] % 32 == 0 for step in path["steps"]), (e["id"], path["path"])
+        if e["outcome"] != "inconclusive":
+            assert e["hit_tolerance"] == 32
 
 
 def test_target_matrix_bf16_and_f32(plugin_run, vllm_servers):
