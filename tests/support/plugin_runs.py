@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
+from pytest_cachecheck.episodes import builtin_episodes
+
 
 @dataclass
 class Run:
@@ -68,8 +70,7 @@ def run_plugin(folder: Path, *args: str, timeout: float = 1800) -> Run:
 
 
 #: the plain built-in episodes (multi-turn chats, no tools)
-PLAIN_EPISODES = ("garden-plan", "bread-troubleshoot", "trip-to-lisbon", "learn-chess", "budget-month",
-                  "running-plan", "explain-tides", "write-cover-letter", "home-energy", "debug-python")
+PLAIN_EPISODES = tuple(e.id for e in builtin_episodes() if not e.tools)
 
 
 def some_plain_episodes(default: Tuple[str, ...]) -> Tuple[str, ...]:
