@@ -334,13 +334,19 @@ def _bpe(word: str, ranks: Dict[Tuple[str, str], int]) -> List[str]:
     return parts
 
 
-def allowed_token_ids(tokens: Sequence[str], merges: Sequence[str]) -> List[int]:
-    """Ids of whole-word tokens (``Ġ`` + 2-8 lowercase ASCII letters) that byte-level BPE maps back
-    to themselves, so that a text made of them re-tokenizes to the same ids."""
+def _merge_ranks(merges: Sequence[str]) -> Dict[Tuple[str, str], int]:
+    """BPE merge priorities: (left, right) -> rank, the first occurrence winning."""
     ranks: Dict[Tuple[str, str], int] = {}
     for rank, merge in enumerate(merges):
         left, _, right = merge.partition(" ")
         ranks.setdefault((left, right), rank)
+    return ranks
+
+
+def allowed_token_ids(tokens: Sequence[str], merges: Sequence[str]) -> List[int]:
+    """Ids of whole-word tokens (``Ġ`` + 2-8 lowercase ASCII letters) that byte-level BPE maps back
+    to themselves, so that a text made of them re-tokenizes to the same ids."""
+    ranks = _merge_ranks(merges)
     return [i for i, tok in enumerate(tokens)
             if ALLOWED_WORD_PATTERN.match(tok) and _bpe(tok, ranks) == [tok]]
 
@@ -361,13 +367,14 @@ def tokenize_ascii(text: str, tokens: Sequence[str], merges: Sequence[str],
                    specials: Sequence[str] = ()) -> List[int]:
     """Token ids of an ASCII ``text`` as llama.cpp's qwen2 tokenizer makes them (``specials`` are
     matched first, as whole tokens).  Raises ValueError for non-ASCII text or a piece not in the vocab."""
+    return _tokenize(text, {tok: i for i, tok in enumerate(tokens)}, _merge_ranks(merges), specials)
+
+
+def _tokenize(text: str, index: Dict[str, int], ranks: Dict[Tuple[str, str], int],
+              specials: Sequence[str]) -> List[int]:
+    """:func:`tokenize_ascii` with the vocabulary's index and merge ranks made once by the caller."""
     if not text.isascii():
         raise ValueError("tokenize_ascii: %r is not ASCII" % text)
-    index = {tok: i for i, tok in enumerate(tokens)}
-    ranks: Dict[Tuple[str, str], int] = {}
-    for rank, merge in enumerate(merges):
-        left, _, right = merge.partition(" ")
-        ranks.setdefault((left, right), rank)
     enc = _byte_encoder()
     parts = re.split("(%s)" % "|".join(re.escape(s) for s in specials), text) if specials else [text]
     ids: List[int] = []
@@ -445,16 +452,23 @@ def load_vocab(vocab_gguf: "os.PathLike[str] | str", tool_call_tokens: bool = Fa
 def tokenize_texts(vocab: TinyVocab, texts: Sequence[str]) -> List[List[int]]:
     """Each text's token ids (see :func:`tokenize_ascii`; ``<|im_end|>`` and the tool-call markers
     are matched as single tokens)."""
-    tokens: List[str] = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
-    kv = vocab.tokenizer_kv.get("tokenizer.ggml.merges")
-    merges: List[str] = kv.value if kv is not None else []
+    tokens, merges = _tokens_and_merges(vocab)
+    index = {tok: i for i, tok in enumerate(tokens)}
+    ranks = _merge_ranks(merges)
     specials = [tokens[i] for i in vocab.tool_call_ids] + [END_OF_TURN]
-    return [tokenize_ascii(text, tokens, merges, specials) for text in texts]
+    return [_tokenize(text, index, ranks, specials) for text in texts]
 
 
-def extra_token_ids(vocab: TinyVocab, texts: Sequence[str]) -> List[int]:
-    """Sorted ids of the tokens of ``texts`` other than ``<|im_end|>`` and the tool-call markers."""
-    ids = {i for seq in tokenize_texts(vocab, texts) for i in seq}
+def _tokens_and_merges(vocab: TinyVocab) -> Tuple[List[str], List[str]]:
+    kv = vocab.tokenizer_kv.get("tokenizer.ggml.merges")
+    return vocab.tokenizer_kv["tokenizer.ggml.tokens"].value, (kv.value if kv is not None else [])
+
+
+def extra_token_ids(vocab: TinyVocab, texts: Sequence[str],
+                    tokenized: Optional[List[List[int]]] = None) -> List[int]:
+    """Sorted ids of the tokens of ``texts`` (or of their ``tokenized`` ids, when the caller has them)
+    other than ``<|im_end|>`` and the tool-call markers."""
+    ids = {i for seq in (tokenized if tokenized is not None else tokenize_texts(vocab, texts)) for i in seq}
     return sorted(ids - {vocab.end_of_turn_id} - set(vocab.tool_call_ids))
 
 
@@ -498,7 +512,8 @@ def build_tensors(
     words = np.asarray(vocab.allowed_ids, dtype=np.int64)
     if 0 < cfg.n_words < len(words):
         words = np.sort(rng.choice(words, size=cfg.n_words, replace=False))
-    extra = np.setdiff1d(np.asarray(extra_token_ids(vocab, cfg.extra_texts), dtype=np.int64), words)
+    texts = tokenize_texts(vocab, cfg.extra_texts)
+    extra = np.setdiff1d(np.asarray(extra_token_ids(vocab, cfg.extra_texts, texts), dtype=np.int64), words)
     if cfg.tool_call_tokens and not vocab.tool_call_ids:
         raise ValueError("TinyModelConfig.tool_call_tokens needs a vocab loaded with tool_call_tokens=True")
     markers = np.asarray(vocab.tool_call_ids if cfg.tool_call_tokens else (), dtype=np.int64)
@@ -509,7 +524,6 @@ def build_tensors(
     own = embd[allowed] / np.linalg.norm(embd[allowed], axis=1, keepdims=True)
     rows -= np.float32(cfg.anti_repeat) * own
     out[allowed] = rows
-    texts = tokenize_texts(vocab, cfg.extra_texts)
     closers = sorted({seq[0] for seq, text in zip(texts, cfg.extra_texts) if text.startswith('"')}
                      if cfg.string_closers else set())
     pairs = {(a, b) for seq in texts for a, b in zip(seq, seq[1:])}
@@ -559,12 +573,8 @@ def _twins(vocab: TinyVocab, words: np.ndarray, taken: set, pieces: Sequence[str
     """(word, twin) ids: ``Ġabc`` and ``abc`` where ``abc`` is a token that BPE keeps whole, that is not an
     allowed token already and that does not start any of ``pieces`` (where a grammar forces a piece like
     ``name``, a twin ``na`` would win over it and the text would re-tokenize otherwise)."""
-    tokens: List[str] = vocab.tokenizer_kv["tokenizer.ggml.tokens"].value
-    kv = vocab.tokenizer_kv.get("tokenizer.ggml.merges")
-    ranks: Dict[Tuple[str, str], int] = {}
-    for rank, merge in enumerate(kv.value if kv is not None else []):
-        left, _, right = merge.partition(" ")
-        ranks.setdefault((left, right), rank)
+    tokens, merges = _tokens_and_merges(vocab)
+    ranks = _merge_ranks(merges)
     index = {tok: i for i, tok in enumerate(tokens)}
     out = []
     for word in words.tolist():
