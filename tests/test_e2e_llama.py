@@ -9,21 +9,17 @@ made once per session and shared by the tests that read it.
 from __future__ import annotations
 
 import fnmatch
-import sys
 from typing import Any, Callable, Dict, Iterator, Tuple
 
 import pytest
 
 from tests.support.plugin_runs import PLAIN_EPISODES, Run, check_episode_run, episode_args
+from tests.support.venv_server import log_stderr
 
 from pytest_cachecheck.llama_server import LlamaServer
 from pytest_cachecheck.serve import demo_model
 
 pytestmark = pytest.mark.e2e
-
-
-def _log(message: str) -> None:
-    sys.stderr.write(message + "\n")
 
 
 @pytest.fixture(scope="session")
@@ -34,12 +30,12 @@ def llama_servers(llama_binary: str) -> Iterator[Callable[..., LlamaServer]]:
     def get(ftype: str = "f32", *args: str, copy: int = 0) -> LlamaServer:
         key = (ftype, args, copy)
         if key not in started:
-            model = demo_model(_log, ftype)
+            model = demo_model(log_stderr, ftype)
             server = LlamaServer(llama_binary, model, extra_args=args)
             try:
                 server.start(timeout=180)
             except Exception:
-                _log(server.log_tail(80))
+                log_stderr(server.log_tail(80))
                 server.stop()
                 raise
             started[key] = server

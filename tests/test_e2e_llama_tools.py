@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Sequence
@@ -24,6 +23,7 @@ from typing import Any, Dict, Iterator, List, Sequence
 import pytest
 
 from tests.support.plugin_runs import Run, run_plugin
+from tests.support.venv_server import log_stderr
 
 pytest.importorskip("gguf")
 
@@ -37,10 +37,6 @@ TOOL_EPISODES = {e.id: set(e.tool_names) for e in builtin_episodes() if e.tools}
 DEFAULT_EPISODES = ("weather-two-cities", "shopping-total", "calendar-week", "files-find-notes")
 
 
-def _log(message: str) -> None:
-    sys.stderr.write(message + "\n")
-
-
 def selected() -> List[str]:
     return sorted(TOOL_EPISODES) if os.environ.get("CACHECHECK_E2E_TOOL_EPISODES") == "all" \
         else list(DEFAULT_EPISODES)
@@ -49,14 +45,14 @@ def selected() -> List[str]:
 @contextlib.contextmanager
 def serving(binary: str, ftype: str, *args: str, copies: int = 1) -> Iterator[List[LlamaServer]]:
     """``copies`` llama-servers on the tools model with Qwen2.5's template, stopped on exit."""
-    flags = ("--jinja", "--chat-template-file", str(ensure_template(_log))) + args
-    servers = [LlamaServer(binary, tools_model(_log, ftype), extra_args=flags) for _ in range(copies)]
+    flags = ("--jinja", "--chat-template-file", str(ensure_template(log_stderr))) + args
+    servers = [LlamaServer(binary, tools_model(log_stderr, ftype), extra_args=flags) for _ in range(copies)]
     try:
         for srv in servers:
             try:
                 srv.start(timeout=180)
             except Exception:
-                _log(srv.log_tail(80))
+                log_stderr(srv.log_tail(80))
                 raise
         yield servers
     finally:
