@@ -12,7 +12,7 @@ from . import _collect
 from .episodes import Episode
 from .errors import RequestError
 from .interrupts import Interrupts
-from .model import EpisodeRecord, Outcome, ProbeRecord
+from .model import EpisodeRecord, Outcome, ProbeRecord, record_key
 from .probes import Probe, parse_probe
 from .redact import display_url
 from .session import CheckSession
@@ -39,18 +39,20 @@ class State:
         self.placement = placement
         #: target -> why its server setup is not usable (None: it is), once pytest_sessionstart resolved it
         self.setup_errors: Dict[Optional[str], Optional[str]] = {}
-
-
-STATE = pytest.StashKey[Optional[State]]()
+        #: record key -> the record of each probe and episode item this process measured: an item run again
+        #: (pytest-rerunfailures) reports its first measurement, so a divergence cannot vanish on a rerun
+        self.measured: Dict[str, Any] = {}
 
 
 STATE = pytest.StashKey[Optional[State]]()
 
 
 def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Probe, Episode],
-             target: Optional[str]) -> Any:
+            target: Optional[str]) -> Any:
     """Measure one probe (or episode); under pytest-xdist only once this worker owns its servers. The
-    record names the server that measured it and the process."""
+    record names the server that measured it and the process, and holds no known secret (scrubbed here, once,
+    so every output made from it is clean: the plugin's reports, JUnit XML, pytest-json-report). An exception
+    the measurement did not expect (a server's answer no parser foresaw) is kept as an error record."""
     worker = _collect.worker_id(config)
     kind = ProbeRecord if isinstance(case, Probe) else EpisodeRecord
     record: Any = None
@@ -64,16 +66,39 @@ def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Pro
                     f"this test failed (another plugin's scheduler?)"))
                 break
     if record is None:
-        if isinstance(case, Probe):
-            record = runner.run(case)
-        else:
-            from .trajectory import measure_episode
+        try:
+            if isinstance(case, Probe):
+                record = runner.run(case)
+            else:
+                from .trajectory import measure_episode
 
-            record = measure_episode(runner, case)
+                record = measure_episode(runner, case)
+        except Exception as exc:  # noqa: BLE001 - a record, not a lost measurement
+            record = kind(case.id, case.source, case.fingerprint, Outcome.ERROR, reason=(
+                f"the measurement failed on an unexpected {type(exc).__name__}: {str(exc)[:500]} (the server's "
+                f"answer was not what the plugin can read; please report it)"))
     record.target = target
     record.server_url = display_url(runner.settings.url)
     record.worker = worker
     record.run = runner.setup.describe() if runner.setup is not None else None
+    return kind.from_json(state.session.redactor.scrub_data(record.to_json()))
+
+
+def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], target: Optional[str]) -> Any:
+    """The record of a probe or episode item: measured once per session (a rerun of the item reports the
+    first measurement), its expectation decided once (``run.expectation``), and put on the item for the
+    controller's reporter; a failed request errors the item (in setup)."""
+    state = request.config.stash[STATE]
+    assert state is not None
+    key = record_key(case.id, target)
+    record = state.measured.get(key)
+    if record is None:
+        record = measure(request.config, state, state.session.runner(target), case, target)
+        record.expected = state.session.expectation(record)
+        state.measured[key] = record
+    request.node.user_properties.append((RECORD if isinstance(case, Probe) else EPISODE_RECORD, record.to_json()))
+    if record.outcome == Outcome.ERROR:
+        pytest.fail(f"cachecheck: {record.reason}", pytrace=False)
     return record
 
 

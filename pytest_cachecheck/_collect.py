@@ -76,6 +76,12 @@ def collect_probe_items(session: pytest.Session, episodes: bool = False) -> List
     return items
 
 
+def sends(item: pytest.Item) -> bool:
+    """Whether running this item sends requests to a server: a probe or episode item, or a test using the
+    ``cachecheck`` fixture."""
+    return item.nodeid.startswith(ITEM_PREFIXES) or FIXTURE in getattr(item, "fixturenames", ())
+
+
 def item_target(item: pytest.Item) -> Optional[str]:
     callspec = getattr(item, "callspec", None)
     return callspec.params.get("cachecheck_target") if callspec is not None else None

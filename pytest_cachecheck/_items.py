@@ -7,12 +7,11 @@ setup; the verdict is given here, so a divergence is a failure and an invalid pr
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Optional, Tuple
 
 import pytest
 
 from .model import Outcome
-from .text import counted
 
 if TYPE_CHECKING:
     from .model import EpisodeRecord, ProbeRecord, Verdict
@@ -20,47 +19,40 @@ if TYPE_CHECKING:
 GATE = "gate"  # the gate item's name: node id ``cachecheck::gate``
 
 
-def _verdict(result: "ProbeRecord | EpisodeRecord",
-             expected_divergence: Callable[[Any], Optional[str]]) -> None:
-    """An invalid measurement is a skip, an expected divergence an xfail, any other divergence a failure."""
+def _verdict(result: "ProbeRecord | EpisodeRecord") -> None:
+    """An invalid measurement is a skip, an expected divergence (``result.expected``, decided once where the
+    record was made) an xfail, any other divergence a failure."""
     if result.outcome == Outcome.INCONCLUSIVE:
         pytest.skip(result.reason)
     if result.outcome == Outcome.DIFFERENT:
-        expected = expected_divergence(result)
-        if expected:
-            pytest.xfail(f"{expected}: {result.message()}")
+        if result.expected:
+            pytest.xfail(f"{result.expected}: {result.message()}")
         pytest.fail(result.message(), pytrace=False)
 
 
 @pytest.mark.cachecheck
-def probe(cachecheck_probe: object, cachecheck_probe_result: ProbeRecord,
-          cachecheck_expected_divergence: Callable[[ProbeRecord], Optional[str]]) -> None:
-    _verdict(cachecheck_probe_result, cachecheck_expected_divergence)
+def probe(cachecheck_probe: object, cachecheck_probe_result: ProbeRecord) -> None:
+    _verdict(cachecheck_probe_result)
 
 
 @pytest.mark.cachecheck
-def episode(cachecheck_episode: object, cachecheck_episode_result: EpisodeRecord,
-            cachecheck_expected_divergence: Callable[[EpisodeRecord], Optional[str]]) -> None:
-    _verdict(cachecheck_episode_result, cachecheck_expected_divergence)
+def episode(cachecheck_episode: object, cachecheck_episode_result: EpisodeRecord) -> None:
+    _verdict(cachecheck_episode_result)
 
 
 class GateItem(pytest.Item):
-    """``cachecheck::gate``, run after every probe and episode: fails with the session verdict's reason when the verdict
-    fails (a rate or baseline gate, too few valid probes, ...), so the failure shows where pytest's own
-    results do. ``verdict`` returns the probes and episodes selected that have no result yet, and the verdict so far."""
+    """``cachecheck::gate``, run after every probe and episode: fails with the session verdict's reason when
+    the verdict fails (a divergence, a rate or baseline gate, too few valid probes, a selected probe without
+    a measurement, the gate selected without the probes it judges, ...), so the failure shows where pytest's
+    own results do. ``verdict`` gives the session verdict on what was measured so far."""
 
-    def __init__(self, *, verdict: Callable[[], Tuple[List[str], Verdict]], **kwargs: Any) -> None:
+    def __init__(self, *, verdict: Callable[[], Verdict], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._verdict = verdict
         self.add_marker("cachecheck")
 
     def runtest(self) -> None:
-        missing, verdict = self._verdict()
-        if missing:
-            shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
-            pytest.fail(f"cachecheck: {counted(len(missing), 'selected probe or episode', 'selected probes or episodes')} had no result when the gate "
-                        f"ran ({shown}): a plugin reordered the items or a probe did not run; the summary "
-                        f"gives the verdict", pytrace=False)
+        verdict = self._verdict()
         if not verdict.ok:
             pytest.fail(f"{verdict.why} (cachecheck verdict: FAIL, {verdict.status})", pytrace=False)
 

@@ -99,6 +99,15 @@ class Baseline:
     episodes: Optional[Sequence[EpisodeRecord]] = None  # None: the baseline ran no episodes
 
 
+def known_different(baseline: Optional[Baseline], episodes: bool = False) -> Dict[str, str]:
+    """id -> conversation fingerprint of the probes (or episodes) that differed in a baseline: the
+    divergences ``run.expectation`` expects."""
+    if baseline is None:
+        return {}
+    records = (baseline.episodes or []) if episodes else baseline.records
+    return {r.id: r.fingerprint for r in records if r.outcome == Outcome.DIFFERENT}
+
+
 # --------------------------------------------------------------------------- loading
 
 def load_baseline(path: str) -> RunReport:
@@ -330,11 +339,14 @@ def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[
                       baseline_created=baseline.created)
 
 
-def should_fail(comparison: Comparison, policy: str = DEFAULT_POLICY, unit: str = "probe") -> Tuple[bool, str]:
+def should_fail(comparison: Comparison, policy: str = DEFAULT_POLICY, unit: str = "probe",
+                unexpected: Sequence[str] = ()) -> Tuple[bool, str]:
     """Whether the comparison should fail the run under ``policy``, and why (a sentence). ``unit`` names
     what was compared: ``probe`` (a diverged turn-2 answer) or ``episode`` (a changed trajectory).
 
-    * ``new-divergence``: fail when any probe newly diverged (same in the baseline, different now);
+    * ``new-divergence``: fail when any probe differed that did not differ in the baseline with the same
+      conversation: ``unexpected`` holds their ids, as ``run.expectation`` decided for each record (newly
+      diverged, new since the baseline, newly valid, or with a changed conversation);
     * ``rate-increase``: fail when this run's divergence rate is higher than the baseline's (each over
       its own valid probes; no failure when either run has no valid probe);
     * ``never``: never fail.
@@ -346,10 +358,9 @@ def should_fail(comparison: Comparison, policy: str = DEFAULT_POLICY, unit: str 
     if policy == "never":
         return False, "baseline policy 'never': the comparison does not decide the outcome"
     if policy == "new-divergence":
-        ids = comparison.newly_diverged()
-        if ids:
-            shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
-            return True, f"{counted(len(ids), unit)} {diverged} against the baseline: {shown}"
+        if unexpected:
+            shown = ", ".join(unexpected[:10]) + (f" and {len(unexpected) - 10} more" if len(unexpected) > 10 else "")
+            return True, f"{counted(len(unexpected), unit)} {diverged} against the baseline: {shown}"
         return False, f"no {unit} {diverged} against the baseline"
     if policy == "rate-increase":
         base, cur = comparison.baseline_rate, comparison.current_rate

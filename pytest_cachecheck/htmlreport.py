@@ -43,19 +43,20 @@ __all__ = ["render_html", "write_html", "STYLES", "passed"]
 
 #: the verdicts that pass (the others fail the session)
 PASSING = (Status.PASSED, Status.NO_PROBES)
-NEW, EXPECTED, UNCOUNTED = "new divergence", "expected divergence", "not counted"
+NEW, EXPECTED = "new divergence", "expected divergence"
 
 #: the colour of every status word the page shows: outcomes, statuses, comparison rows and verdicts,
 #: and the page's own divergence tags. tests/test_htmlreport.py checks that none is missing.
 STYLES: Dict[str, str] = {
     "same": "ok", "different": "bad", "inconclusive": "warn", "error": "err",
     "passed": "ok", "diverged": "bad", "gate-failed": "bad", "errors": "err", "too-few-valid": "warn",
-    "unreliable": "severe", "interrupted": "warn", "no-probes": "info",
+    "unreliable": "severe", "interrupted": "warn", "no-probes": "info", "not-measured": "bad",
+    "report-not-written": "err",
     STILL_SAME: "ok", HEALED: "ok", NEWLY_DIVERGED: "bad", STILL_DIFFERENT: "exp", NEWLY_INCONCLUSIVE: "warn",
     STILL_INCONCLUSIVE: "warn", NEWLY_VALID: "info", CONVERSATION_CHANGED: "info", NEW_PROBE: "info",
     NOT_RUN: "info",
     "regressed": "bad", "improved": "ok", "unchanged": "info",
-    NEW: "bad", EXPECTED: "exp", UNCOUNTED: "info",
+    NEW: "bad", EXPECTED: "exp",
 }
 _COLOURS = {"ok": "var(--ok)", "bad": "var(--bad)", "exp": "var(--exp)", "warn": "var(--warn)",
             "err": "var(--err)", "severe": "var(--severe)", "info": "var(--info)"}
@@ -119,7 +120,6 @@ article.probe { border: 1px solid var(--line); border-radius: 6px; padding: 10px
                 border-left-width: 5px; }
 article.probe.k-new { border-left-color: var(--bad); }
 article.probe.k-expected { border-left-color: var(--exp); border-left-style: dashed; }
-article.probe.k-uncounted { border-left-color: var(--info); border-left-style: dashed; }
 article.probe.o-same { border-left-color: var(--ok); }
 article.probe.o-inconclusive { border-left-color: var(--warn); }
 article.probe.o-error { border-left-color: var(--err); }
@@ -160,11 +160,9 @@ figcaption { color: var(--muted); font-size: 12px; }
 .chart text.tie-label { fill: var(--warn); font-weight: 600; }
 .chart .pt-new { fill: var(--bad); stroke: var(--bad); }
 .chart .pt-expected { fill: var(--exp); stroke: var(--exp); }
-.chart .pt-uncounted { fill: var(--info); stroke: var(--info); }
 .key { display: inline-block; width: 10px; height: 10px; border-radius: 50%; vertical-align: middle; }
 .key.new { background: var(--bad); }
 .key.expected { background: var(--exp); }
-.key.uncounted { background: var(--info); }
 """.replace("@BADGES@", _badge_css())
 
 _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'"
@@ -276,37 +274,23 @@ def _scrubbed(obj: Any, scrub: Callable[[str], str]) -> Any:
 
 # --------------------------------------------------------------------------- which divergences matter
 
-def _gated_by_rate(settings: Dict[str, Any], target: TargetReport) -> Optional[str]:
-    """Why a rate, not each probe, decides about this target's divergences; None when each probe does."""
-    if settings.get("max_rate") is not None:
-        return f"the rate gate (--cachecheck-max-rate {settings['max_rate']}) decides, not each probe"
-    policy = settings.get("fail_on") or "new-divergence"
-    if target.baseline is not None and policy != "new-divergence":
-        return f"the baseline policy {policy} decides, not each probe"
-    return None
-
-
-def divergence_kind(p: ProbeRecord, target: TargetReport, settings: Dict[str, Any]) -> Tuple[str, str]:
-    """For a probe whose answers differed: its tag (NEW, EXPECTED or UNCOUNTED) and why."""
+def divergence_kind(p: ProbeRecord, target: TargetReport) -> Tuple[str, str]:
+    """For a probe whose answers differed: its tag (NEW or EXPECTED) and why. Whether a divergence fails the
+    run is the record's own ``expected`` (decided once, by ``run.expectation``); the page only shows it."""
+    if p.expected:
+        return EXPECTED, "expected: " + p.expected
     row = next((r for r in target.baseline.rows if r.id == p.id), None) if target.baseline else None
-    if row is not None and row.status == STILL_DIFFERENT:
-        return EXPECTED, "expected: this probe also differed in the baseline"
-    rate_gate = _gated_by_rate(settings, target)
-    policy = settings.get("fail_on") or "new-divergence"
-    if target.baseline is not None and policy == "new-divergence":
-        if row is not None and row.status == NEWLY_DIVERGED:
-            return NEW, ("new: it gave the same answer in the baseline; the baseline policy new-divergence "
-                         "fails the run on it")
-        if rate_gate is None:
-            was = f"{row.status}, {row.before or 'absent'} in the baseline" if row else "not in the baseline"
-            return UNCOUNTED, (f"not counted: the baseline policy new-divergence fails only on probes that "
-                               f"were same in the baseline ({was})")
-    if rate_gate is not None:
-        return EXPECTED, "expected: " + rate_gate
+    if row is not None and row.status == NEWLY_DIVERGED:
+        return NEW, ("new: it gave the same answer in the baseline; the baseline policy new-divergence "
+                     "fails the run on it")
+    if target.baseline is not None:
+        was = f"{row.status}, {row.before or 'absent'} in the baseline" if row else "not in the baseline"
+        return NEW, (f"new: it did not differ in the baseline ({was}); the baseline policy new-divergence "
+                     f"fails the run on it")
     return NEW, "new: without a baseline or a rate gate, any valid probe whose answers differ fails the run"
 
 
-_KIND_CLASS = {NEW: "new", EXPECTED: "expected", UNCOUNTED: "uncounted"}
+_KIND_CLASS = {NEW: "new", EXPECTED: "expected"}
 
 
 class _Probe:
@@ -324,20 +308,12 @@ class _Probe:
 
 
 _GROUPS = (("new", "New divergences", "these fail the run"),
-           ("expected", "Expected divergences", "they also differed in the baseline, or a rate gate decides; "
-                                                "they do not fail the run by themselves"),
+           ("expected", "Expected divergences", "they also differed in the baseline, a rate gate or baseline "
+                                                "policy decides, or they are recorded as the baseline; they do "
+                                                "not fail the run by themselves"),
            ("inconclusive", "Inconclusive", "not valid: the measurement could not be trusted"),
            ("errors", "Errors", "a request or server error"),
            ("same", "Same", "both paths gave the same answer"))
-
-
-def _group_title(key: str, title: str, why: str, members: Sequence[_Probe]) -> Tuple[str, str]:
-    """A group's title and note; divergences the baseline policy does not count join the expected ones."""
-    if key == "expected" and any(p.kind and p.kind[0] == UNCOUNTED for p in members):
-        return ("Divergences that do not fail the run",
-                "expected ones (they also differed in the baseline, or a rate gate decides) and ones the "
-                "baseline policy new-divergence does not count (they were not same in the baseline)")
-    return title, why
 
 
 # --------------------------------------------------------------------------- the chart
@@ -562,7 +538,6 @@ def _probe_groups(probes: Sequence[_Probe], suffix: str) -> str:
         if not members:
             continue
         body = "".join(_probe_article(p) for p in members)
-        title, why = _group_title(key, title, why, members)
         if key == "same":
             out.append(f'<details class="group" id="group-same{suffix}"><summary>{title} ({len(members)}): '
                        f'<span class="why">{_e(why)}; click to show</span></summary>{body}</details>')
@@ -682,7 +657,7 @@ def _matter(probes: Sequence[_Probe], block: bool = False) -> str:
     for key in ("new", "errors", "expected", "inconclusive"):
         members = [p for p in probes if p.group == key]
         if members:
-            title = _group_title(key, titles[key], "", members)[0].lower()
+            title = titles[key].lower()
             links = ", ".join(f'<a href="#{p.anchor}">{_e(p.label)}</a>' for p in members[:12])
             more = f" and {len(members) - 12} more" if len(members) > 12 else ""
             parts.append(f"{title} ({len(members)}): {links}{more}")
@@ -748,7 +723,7 @@ def _wrap(report: RunReport, probes: List[ProbeRecord], by_target: Dict[Optional
     """Fill ``by_target`` with every probe of the report, its anchor, label and divergence tag."""
     for i, r in enumerate(probes):
         target = next((t for t in report.targets if t.name == r.target), report.targets[0])
-        kind = divergence_kind(r, target, report.settings) if r.outcome == Outcome.DIFFERENT else None
+        kind = divergence_kind(r, target) if r.outcome == Outcome.DIFFERENT else None
         by_target.setdefault(target.name, []).append(_Probe(r, f"probe-{i}", r.key, kind))
 
 

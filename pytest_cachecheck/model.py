@@ -54,6 +54,8 @@ class Status(_Word):
     ERRORS = "errors"  # a probe failed with a request or server error
     TOO_FEW_VALID = "too-few-valid"
     UNRELIABLE = "unreliable"  # two processes sent to one server: nothing can be trusted
+    NOT_MEASURED = "not-measured"  # a selected probe or episode ended without a record (a timeout, a crash, -x)
+    UNWRITTEN = "report-not-written"  # the run measured, but an output file could not be written
     INTERRUPTED = "interrupted"
     NO_PROBES = "no-probes"
 
@@ -370,6 +372,9 @@ class ProbeRecord(_Measured):
     worker: Optional[str] = None  # the xdist worker that measured it
     run: Optional[Setup] = None  # the setup as the measuring process saw it
     test: Optional[str] = None  # the node id of the test that called cachecheck.check()
+    #: why this divergence does not fail the run by itself (baseline, gate, recording); None when it does.
+    #: Set once, by ``run.expectation``, where the record is made; every output reads it from here.
+    expected: Optional[str] = None
 
     def __repr__(self) -> str:
         # short, and without the answers (a traceback with -l shows it; answers may echo what was sent)
@@ -412,6 +417,8 @@ class ProbeRecord(_Measured):
             out["run"] = self.run.to_json()
         if self.test is not None:
             out["test"] = self.test
+        if self.expected is not None:
+            out["expected"] = self.expected
         return out
 
     @classmethod
@@ -421,7 +428,8 @@ class ProbeRecord(_Measured):
                    _outcome(f["outcome"]), f["reason"].opt_string() or "", Divergence.from_json(f["divergence"]),
                    Checks.from_json(f["checks"]), [Request.from_json(r) for r in f["requests"].opt_items()],
                    f["duration_s"].opt_float() or 0.0, f["target"].opt_string(), f["server_url"].opt_string(),
-                   f["worker"].opt_string(), Setup.from_json(f["run"]), f["test"].opt_string())
+                   f["worker"].opt_string(), Setup.from_json(f["run"]), f["test"].opt_string(),
+                   f["expected"].opt_string())
 
 
 # -- one episode ----------------------------------------------------------------------------------------
@@ -529,6 +537,7 @@ class EpisodeRecord(_Measured):
     worker: Optional[str] = None
     run: Optional[Setup] = None
     test: Optional[str] = None
+    expected: Optional[str] = None  # as ProbeRecord.expected
 
     def __repr__(self) -> str:
         return f"EpisodeRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
@@ -561,6 +570,8 @@ class EpisodeRecord(_Measured):
             out["run"] = self.run.to_json()
         if self.test is not None:
             out["test"] = self.test
+        if self.expected is not None:
+            out["expected"] = self.expected
         return out
 
     @classmethod
@@ -570,7 +581,8 @@ class EpisodeRecord(_Measured):
                    _outcome(f["outcome"]), f["reason"].opt_string() or "", Parting.from_json(f["parting"]),
                    [Path.from_json(p) for p in f["paths"].opt_items()], f["hit_tolerance"].opt_integer(),
                    f["duration_s"].opt_float() or 0.0, f["target"].opt_string(), f["server_url"].opt_string(),
-                   f["worker"].opt_string(), Setup.from_json(f["run"]), f["test"].opt_string())
+                   f["worker"].opt_string(), Setup.from_json(f["run"]), f["test"].opt_string(),
+                   f["expected"].opt_string())
 
 
 # -- counts, rates and verdicts ---------------------------------------------------------------------------

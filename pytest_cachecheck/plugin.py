@@ -12,20 +12,21 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import pytest
 
 from . import _collect, _items
-from ._api import EPISODE_RECORD, RECORD, STATE, CacheCheck, State, measure
+from ._api import EPISODE_RECORD, RECORD, STATE, CacheCheck, State, measure_item
 from .episodes import Episode
 from .errors import ConfigError
 from .interrupts import Interrupts
-from .model import EpisodeRecord, Outcome, ProbeRecord, record_key
+from .model import EpisodeRecord, ProbeRecord, record_key
 from .probes import Probe
 from .reporter import Reporter
 from .session import CheckSession, open_session
 from .settings import OPTIONS, ini_paths, lookup, native_toml_table, server_args_mistake
+from .text import printable
 
 if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
     from .serve import Served
@@ -85,7 +86,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                start_server=None if _is_worker(config) else _start_served,
                                own_replica=lambda s: _collect.own_replica(
                                    s, _collect.worker_id(config), getattr(config.option, "numprocesses", None)
-                               ), other_outputs={"--junitxml": _junitxml(config)})
+                               ), other_outputs={"--junitxml": _junitxml(config),
+                                                 "--json-report-file": _json_report_file(config)})
     except ConfigError as exc:
         raise pytest.UsageError(f"cachecheck: {exc}") from None
     if session is None:
@@ -126,6 +128,14 @@ def _junitxml(config: pytest.Config) -> Optional[str]:
     if not path:
         return None
     return str(Path(config.invocation_params.dir) / os.path.expanduser(os.path.expandvars(path)))
+
+
+def _json_report_file(config: pytest.Config) -> Optional[str]:
+    """The file pytest-json-report writes (with --json-report), as it resolves it (from the invocation folder)."""
+    path = getattr(config.option, "json_report_file", None)
+    if not getattr(config.option, "json_report", False) or not path or path == "none":
+        return None
+    return str(Path(config.invocation_params.dir) / path)
 
 
 def _start_served(model: str, server_args: Optional[str]) -> Served:
@@ -176,19 +186,43 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 # -- the server setup, before the header --------------------------------------------------------------
 @pytest.hookimpl(tryfirst=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
-    """Resolve and check each server before the first test: on the controller of xdist workers without
-    sending anything that generates (its workers check their own servers before their first probe), and
-    not at all for --collect-only."""
+    """Resolve each server before the header, sending nothing that generates; not at all for
+    --collect-only. The checks that generate wait for the selection (``pytest_collection_finish``)."""
     state = session.config.stash.get(STATE, None)
     if state is None or _is_worker(session.config) or session.config.option.collectonly:
         return
     reporter = session.config.pluginmanager.getplugin("cachecheck-reporter")
     reporter.stage = "while the server was being detected"  # the verdict of a run interrupted here
     try:
-        state.setup_errors = state.session.prepare(send=not state.controller_of_workers)
+        state.setup_errors = state.session.prepare(send=False)
     except ConfigError as exc:  # a model the server does not serve: before any probe request, and any worker
         raise pytest.UsageError(f"cachecheck: {state.session.redactor.scrub(str(exc))}") from None
     reporter.stage = None  # (an interrupt leaves it for the verdict)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """The setup checks that generate, once the selection is known and only when a selected item will send
+    (a probe, an episode or a test using the fixture): a run that deselected them sends nothing that
+    generates. Under xdist each worker checks its own servers before its first probe."""
+    state = session.config.stash.get(STATE, None)
+    if (state is None or _is_worker(session.config) or state.controller_of_workers
+            or session.config.option.collectonly
+            or not any(_collect.sends(item) for item in session.items)):
+        return
+    reporter = session.config.pluginmanager.getplugin("cachecheck-reporter")
+    reporter.stage = "while the server setup was being checked"
+    errors = state.session.prepare(send=True)
+    reporter.stage = None
+    terminal = session.config.pluginmanager.getplugin("terminalreporter")
+    if terminal is None:
+        return
+    for name, runner in state.session.runners.items():
+        label = "cachecheck: " + (f"target {name}: " if name is not None else "")
+        lines = ([f"{label}server not usable: {errors[name]}"] if errors.get(name) and not state.setup_errors.get(name)
+                 else [f"{label}warning: {w}" for w in (runner.setup.warnings if runner.setup is not None else [])])
+        for line in lines:
+            terminal.write_line(printable(state.session.redactor.scrub(line), 4000))
 
 
 def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
@@ -240,52 +274,14 @@ def cachecheck_target() -> Optional[str]:
 def cachecheck_probe_result(request: pytest.FixtureRequest, cachecheck_probe: Probe,
                             cachecheck_target: Optional[str]) -> ProbeRecord:
     """Measure the item's probe (six requests); a failed request errors the item here, in setup."""
-    state = request.config.stash[STATE]
-    assert state is not None
-    record = measure(request.config, state, state.session.runner(cachecheck_target), cachecheck_probe,
-                      cachecheck_target)
-    request.node.user_properties.append((RECORD, record.to_json()))
-    if record.outcome == Outcome.ERROR:
-        pytest.fail(f"cachecheck: {record.reason}", pytrace=False)
-    return record
+    return measure_item(request, cachecheck_probe, cachecheck_target)
 
 
 @pytest.fixture
 def cachecheck_episode_result(request: pytest.FixtureRequest, cachecheck_episode: Episode,
                               cachecheck_target: Optional[str]) -> EpisodeRecord:
     """Measure the item's episode (each path twice); a failed request errors the item here, in setup."""
-    state = request.config.stash[STATE]
-    assert state is not None
-    record = measure(request.config, state, state.session.runner(cachecheck_target), cachecheck_episode,
-                      cachecheck_target)
-    request.node.user_properties.append((EPISODE_RECORD, record.to_json()))
-    if record.outcome == Outcome.ERROR:
-        pytest.fail(f"cachecheck: {record.reason}", pytrace=False)
-    return record
-
-
-@pytest.fixture
-def cachecheck_expected_divergence(request: pytest.FixtureRequest, cachecheck_target: Optional[str]
-                                   ) -> Callable[[Any], Optional[str]]:
-    """Why a divergence (or changed trajectory) is expected (reported as xfail), or None when it is a plain
-    failure."""
-    state = request.config.stash[STATE]
-    assert state is not None
-    before = state.session.baseline_different(cachecheck_target)
-    before_episodes = state.session.baseline_different(cachecheck_target, episodes=True)
-    gated = state.session.settings.gated
-
-    def expected(record: Any) -> Optional[str]:
-        if state.session.settings.record:
-            return "diverged; recorded as the baseline (--cachecheck-record)"
-        known = before_episodes if isinstance(record, EpisodeRecord) else before
-        if known.get(record.id) == record.fingerprint:
-            return "also differed in the baseline"
-        if gated:
-            return "diverged; the session gate decides (--cachecheck-max-rate / --cachecheck-fail-on)"
-        return None
-
-    return expected
+    return measure_item(request, cachecheck_episode, cachecheck_target)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ it runs last in the ordinary loop; under xdist the controller runs it after ever
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Generator, List, Optional, Tuple
+from typing import Any, Dict, Generator, List, Optional
 
 import pytest
 
@@ -19,7 +19,7 @@ from ._api import CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD
 from .files import write_report
 from .episodes import Episode
 from .interrupts import Interrupts
-from .model import EpisodeRecord, ProbeRecord, RunReport, Verdict, record_key
+from .model import EpisodeRecord, ProbeRecord, RunReport, Status, Verdict, record_key
 from .probes import Probe
 from .run import EpisodeInput, RunResult, summarise
 from .session import CheckSession
@@ -67,19 +67,17 @@ class Reporter:
         self.episodes: Dict[str, EpisodeRecord] = {}
         self.episode_checks: List[EpisodeRecord] = []
         self.selected_episodes: Optional[List[str]] = None
+        self.gate_selected = False  # cachecheck::gate is among the items selected (without xdist)
         self.report_errors: List[str] = []
         self.result: Optional[RunResult] = None
         self.report: Optional[RunReport] = None
         self.printed = False
 
     # -- the gate item ------------------------------------------------------------------------------------
-    def gate_verdict(self) -> Tuple[List[str], Verdict]:
-        """The selected probes and episodes without a result yet, and the session verdict on the results
-        so far."""
-        missing = [k for k in self.selected or [] if k not in self.records]
-        missing += [k for k in self.selected_episodes or [] if k not in self.episodes]
+    def gate_verdict(self) -> Verdict:
+        """The session verdict on the results so far (a selected probe or episode without a result fails it)."""
         verdict = self._summarise(False).verdict
-        return missing, Verdict(verdict.status, verdict.ok, self.session.redactor.scrub(verdict.why))
+        return Verdict(verdict.status, verdict.ok, self.session.redactor.scrub(verdict.why))
 
     def _summarise(self, interrupted: Any) -> RunResult:
         s = self.session
@@ -88,7 +86,18 @@ class Reporter:
             episodes = EpisodeInput(s.episode_set, [e.id for e in s.episodes], self.episodes,
                                     self.selected_episodes)
         return summarise(s.settings, s.probe_set, [p.id for p in s.probes], s.target_inputs(), self.records,
-                         self.checks, self.selected, s.baselines, interrupted, episodes, self.episode_checks)
+                         self.checks, self.selected, s.baselines, interrupted, episodes, self.episode_checks,
+                         self.gate_selected)
+
+    def measured_nothing(self) -> bool:
+        """Whether this run set out to measure nothing: --collect-only, or a selection (-k, -m, --deselect)
+        without a probe, an episode or a measured check. Such a run writes no report: an earlier one stays."""
+        if self.config.option.collectonly:
+            return True
+        if self.selected is None:
+            return False  # stopped before its selection was known: it set out to measure
+        return not (self.selected or self.selected_episodes or self.records or self.episodes or self.checks
+                    or self.episode_checks)
 
     def _gate(self, parent: Any, **kwargs: Any) -> _items.GateItem:
         return _items.GateItem.from_parent(parent, name=_items.GATE, verdict=self.gate_verdict, **kwargs)
@@ -118,8 +127,10 @@ class Reporter:
         gate.ihook.pytest_runtest_protocol(item=gate, nextitem=None)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
-        self.selected = [k for k in map(_probe_key, session.items) if k is not None]
-        self.selected_episodes = [k for k in map(_episode_key, session.items) if k is not None]
+        items = [] if self.config.option.collectonly else session.items  # --collect-only runs nothing
+        self.selected = [k for k in map(_probe_key, items) if k is not None]
+        self.selected_episodes = [k for k in map(_episode_key, items) if k is not None]
+        self.gate_selected = any(isinstance(i, _items.GateItem) for i in items)
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: List[str]) -> None:
@@ -209,28 +220,62 @@ class Reporter:
             self._finish(session, exitstatus)
 
     def _finish(self, session: pytest.Session, exitstatus: int) -> None:
-        from .htmlreport import write_html
-
-        s = self.session
         self._drain_xdist()
         interrupted = int(exitstatus) == int(pytest.ExitCode.INTERRUPTED) or self.interrupts.interrupted
         if interrupted and int(session.exitstatus) in (0, 1, 5):
             # a second Ctrl-C inside pytest's handling of the first leaves the status at 0
             session.exitstatus = pytest.ExitCode.INTERRUPTED
         self.result = result = self._summarise(self._interruption() if interrupted else False)
-        if not result.verdict.ok and int(session.exitstatus) == 0:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED
-        self.report = report = result.report(int(session.exitstatus))
+        self._settle(session)
+        if not self.measured_nothing():
+            self._write_outputs(result, session)
+        self.report = result.report(int(session.exitstatus))
+
+    def _settle(self, session: pytest.Session) -> None:
+        """pytest's exit status and ``--lf`` from the verdict: a failed verdict never exits 0."""
+        assert self.result is not None
+        if not self.result.verdict.ok:
+            self._rerun_with_last_failed()
+            if int(session.exitstatus) in (0, int(pytest.ExitCode.NO_TESTS_COLLECTED)):
+                session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def _write_outputs(self, result: RunResult, session: pytest.Session) -> None:
+        """The JSON report and the HTML page, from one verdict: when a file cannot be written, the verdict
+        fails and the files that were written are written again to say so."""
+        from .htmlreport import write_html
+
+        s = self.session
         scrub = s.redactor.scrub
-        for path, write in ((s.settings.report, lambda p: write_report(p, report, scrub)),
-                            (s.settings.html, lambda p: write_html(p, report, scrub))):
-            if path:
+        outputs = [(path, write) for path, write in ((s.settings.report, write_report), (s.settings.html, write_html))
+                   if path]
+        pending = outputs
+        while pending:
+            report = result.report(int(session.exitstatus))
+            failed = []
+            for path, write in pending:
                 try:
-                    write(path)
+                    write(path, report, scrub)
                 except OSError as exc:
+                    failed.append(path)
                     self.report_errors.append(f"{path}: {exc}")
-        if self.report_errors and int(session.exitstatus) == 0:
-            session.exitstatus = pytest.ExitCode.TESTS_FAILED  # a lost report is not a pass
+            if not failed:
+                break
+            result.fail(Status.UNWRITTEN, "could not write " + ", ".join(failed))
+            self._settle(session)
+            pending = [(path, write) for path, write in outputs if path not in failed
+                       and not any(e.startswith(path + ":") for e in self.report_errors)]
+
+    def _rerun_with_last_failed(self) -> None:
+        """A failed verdict marks every selected probe and episode item as failed for ``--lf``, so a rerun
+        with ``--lf`` measures them again with the gate, instead of running the gate alone."""
+        lf = self.config.pluginmanager.getplugin("lfplugin")
+        lastfailed = getattr(lf, "lastfailed", None)
+        if not isinstance(lastfailed, dict):
+            return
+        for key in self.selected or []:
+            lastfailed.setdefault(_collect.probe_nodeid(key), True)
+        for key in self.selected_episodes or []:
+            lastfailed.setdefault(_collect.episode_nodeid(key), True)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.result is None or self.report is None or self.printed:
@@ -246,6 +291,18 @@ class Reporter:
         def scrub(text: str) -> str:  # no secret, and no server text that could forge a line
             return printable(self.session.redactor.scrub(text), TERMINAL_LINE)
 
+        settings = self.session.settings
+        files = [(path, what) for path, what in ((settings.report, "JSON report"), (settings.html, "HTML page"))
+                 if path]
+        if self.measured_nothing():
+            left = f"; no report was written, left as they were: {', '.join(scrub(p) for p, _ in files)}" if files else ""
+            if not self.result.verdict.ok:
+                tr.write_line(f"cachecheck verdict: FAIL ({self.result.verdict.status}): {scrub(self.result.verdict.why)}",
+                              red=True)
+            tr.write_line("cachecheck: nothing was measured (--collect-only, or no probe, episode or check "
+                          "selected)" + left)
+            return
+
         lines = terminal.summary(self.report, self.result.verdict, self.session.settings.baseline,
                                  self.config.option.verbose > 0)
         for out in lines:
@@ -255,7 +312,6 @@ class Reporter:
                 tr.write_line(scrub(out.text), **out.markup)
         for error in self.report_errors:
             tr.write_line(f"cachecheck: could not write {scrub(error)}", red=True)
-        settings = self.session.settings
-        for path, what in ((settings.report, "JSON report"), (settings.html, "HTML page")):
-            if path and not any(e.startswith(path + ":") for e in self.report_errors):
-                tr.write_line(f"cachecheck: {what} written to {path}")
+        for path, what in files:
+            if not any(e.startswith(path + ":") for e in self.report_errors):
+                tr.write_line(f"cachecheck: {what} written to {scrub(path)}")

@@ -45,14 +45,42 @@ def record_gate(t: Tally, episodes: Optional[Tally] = None) -> Gate:
                    f"through --cachecheck-baseline)")
 
 
+def expectation(record: Union[ProbeRecord, EpisodeRecord], settings: Settings,
+                known_different: Mapping[str, str]) -> Optional[str]:
+    """Why a valid record that differed does not fail the run by itself (its item is an xfail), or None when
+    it does (or did not differ). The one place this is decided: set on the record where it is made, and read
+    from there by the item, the verdict and every report. ``known_different``: id -> conversation fingerprint
+    of the probes (or episodes) that differed in this target's baseline.
+
+    Recording a baseline expects every divergence. Under a baseline, one that also differed there (the same
+    conversation) is expected; under the default policy ``new-divergence`` any other fails, whatever else is
+    set. Otherwise a rate gate (``--cachecheck-max-rate``) or another baseline policy decides at the end of
+    the session, and without either, any divergence fails."""
+    if record.outcome != Outcome.DIFFERENT:
+        return None
+    if settings.record:
+        return "diverged; recorded as the baseline (--cachecheck-record)"
+    if known_different.get(record.id) == record.fingerprint:
+        return "also differed in the baseline"
+    if settings.baseline is not None and settings.fail_on == "new-divergence":
+        return None
+    if settings.max_rate is not None:
+        return "diverged; the rate gate decides (--cachecheck-max-rate)"
+    if settings.baseline is not None:
+        return f"diverged; the baseline policy {settings.fail_on} decides (--cachecheck-fail-on)"
+    return None
+
+
 def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
           gates: Optional[Sequence[Gate]] = None, unreliable: Optional[str] = None,
-          episodes: Optional[Tally] = None) -> Verdict:
-    """One target's verdict over its probes (and episodes). ``gates`` (max rate, baseline policy,
-    recording), when given, decide about divergences in place of the default rule that any valid probe that
-    differed (or episode whose trajectory changed) fails. ``unreliable`` says why no outcome can be trusted
-    (it overrides everything). ``interrupted`` may be the text saying how. A run without a valid probe or
-    episode never passes."""
+          episodes: Optional[Tally] = None, unexpected: Tuple[int, int] = (0, 0),
+          not_measured: Sequence[str] = ()) -> Verdict:
+    """One target's verdict over its probes (and episodes). ``unexpected``: how many valid probes and episodes
+    differed without a reason to expect it (:func:`expectation`): each fails the run. ``gates`` (max rate,
+    baseline policy, recording) decide the rest. ``unreliable`` says why no outcome can be trusted (it
+    overrides everything). ``interrupted`` may be the text saying how. ``not_measured``: the record keys of
+    the selected probes and episodes that ended without a record; a run with any never passes, nor does one
+    without a valid probe or episode."""
     total = t + episodes if episodes is not None else t
     items = "probes" if episodes is None else "probes and episodes"
     if unreliable:
@@ -60,21 +88,26 @@ def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
     if interrupted:
         return Verdict(Status.INTERRUPTED, False, interrupted if isinstance(interrupted, str) else
                        "the run was interrupted; the report holds what was measured")
-    if total.probes == 0:
+    if total.probes == 0 and not not_measured:
         return Verdict(Status.NO_PROBES, True, "no probe ran")
-    if gates:
-        failing = [why for fail, why in gates if fail]
-        if failing:
-            return Verdict(Status.GATE_FAILED, False, "; ".join(failing))
-    elif total.different:
-        why = [f"{counted(t.different, 'valid probe')} gave a different turn-2 answer"] if t.different else []
-        if episodes is not None and episodes.different:
-            why.append(f"{counted(episodes.different, 'valid episode')} changed trajectory")
+    failing = [why for fail, why in gates or () if fail]
+    if failing:
+        return Verdict(Status.GATE_FAILED, False, "; ".join(failing))
+    if any(unexpected):
+        why = [f"{counted(unexpected[0], 'valid probe')} gave a different turn-2 answer"] if unexpected[0] else []
+        if unexpected[1]:
+            why.append(f"{counted(unexpected[1], 'valid episode')} changed trajectory")
         return Verdict(Status.DIVERGED, False, "; ".join(why))
     if total.errors:
         what = "probe" if episodes is None else "probe or episode"
         return Verdict(Status.ERRORS, False,
                        f"{counted(total.errors, what)} failed with a request or server error")
+    if not_measured:
+        shown = ", ".join(not_measured[:5]) + (f" and {len(not_measured) - 5} more" if not_measured[5:] else "")
+        return Verdict(Status.NOT_MEASURED, False,
+                       f"{counted(len(not_measured), 'selected probe or episode', 'selected probes or episodes')} "
+                       f"ended without a measurement ({shown}): cut by a timeout, a crash, -x/--maxfail or "
+                       f"another plugin; a probe that was not measured is never a pass")
     if total.valid == 0:
         unit = "probe" if episodes is None else "probe or episode"
         return Verdict(Status.TOO_FEW_VALID, False,
@@ -214,6 +247,14 @@ class RunResult:
     def matrix(self) -> bool:
         return bool(self.settings.targets)
 
+    def fail(self, status: Status, why: str) -> None:
+        """Fail a verdict that passed, for a reason outside the records (the gate selected alone, a report
+        that could not be written); a failing verdict keeps its status, with the reason added."""
+        targets = [] if self.matrix else self.targets
+        for holder in [self, *targets]:
+            v = holder.verdict
+            holder.verdict = Verdict(status, False, why) if v.ok else Verdict(v.status, False, f"{v.why}; {why}")
+
     def report(self, exit_status: Optional[int]) -> RunReport:
         created = now()
         episode_set = self.episodes.episode_set if self.episodes is not None else None
@@ -246,13 +287,20 @@ class RunResult:
         return env_of(self.settings.public(), t.setup, sample or self.probe_set)
 
 
+def _unexpected(record: Union[ProbeRecord, EpisodeRecord]) -> bool:
+    """A valid record that differed with no reason to expect it: it fails the run (see :func:`expectation`)."""
+    return record.outcome == Outcome.DIFFERENT and not record.expected
+
+
 def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str], targets: Sequence[TargetInput],
               records: Mapping[str, ProbeRecord], checks: Sequence[ProbeRecord], selected: Optional[Sequence[str]],
               baselines: Mapping[Optional[str], Baseline], interrupted: Union[bool, str],
-              episodes: Optional[EpisodeInput] = None, episode_checks: Sequence[EpisodeRecord] = ()) -> RunResult:
+              episodes: Optional[EpisodeInput] = None, episode_checks: Sequence[EpisodeRecord] = (),
+              gate_selected: bool = False) -> RunResult:
     """The verdict of every target and of the session. ``records`` are keyed by ``record_key``;
     ``selected`` holds the record keys of the probe items selected to run (None: all); ``interrupted``
-    may be the text of the verdict saying how the run was interrupted."""
+    may be the text of the verdict saying how the run was interrupted; ``gate_selected``: the gate item was
+    selected to run (a gate selected without a probe or episode to judge never passes)."""
     chosen = set(selected) if selected is not None else None
     chosen_episodes = set(episodes.selected) if episodes is not None and episodes.selected is not None else None
     results = []
@@ -270,7 +318,7 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
         baseline = baselines.get(target.name)
         if baseline is not None and (mine or target.name is None):  # a deselected matrix target compares nothing
             comparison = compare(baseline, mine, env_of(settings.public(), setup, probe_set))
-            gates.append(should_fail(comparison, settings.fail_on))
+            gates.append(should_fail(comparison, settings.fail_on, unexpected=[r.id for r in mine if _unexpected(r)]))
         own_checks: List[Union[ProbeRecord, EpisodeRecord]] = [c for c in checks if c.target == target.name]
         own_checks += [c for c in episode_checks if c.target == target.name]
         episode_result = None
@@ -287,19 +335,31 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
             if baseline is not None and baseline.episodes is not None and (emine or target.name is None):
                 ecomparison = compare(Baseline(baseline.episodes, baseline.env, baseline.created), emine,
                                       env_of(settings.public(), setup, episodes.episode_set))
-                gates.append(should_fail(ecomparison, settings.fail_on, unit="episode"))
+                gates.append(should_fail(ecomparison, settings.fail_on, unit="episode",
+                                          unexpected=[r.id for r in emine if _unexpected(r)]))
             episode_result = EpisodeResult(emine, epicked, etally, ecomparison)
             mine_all: List[Union[ProbeRecord, EpisodeRecord]] = [*mine, *emine]
         else:
             mine_all = list(mine)
         if settings.record:
             gates.append(record_gate(tally, episode_result.tally if episode_result is not None else None))
+        unexpected = (sum(1 for r in mine if _unexpected(r)),
+                      sum(1 for r in episode_result.records if _unexpected(r)) if episode_result is not None else 0)
+        not_measured = [k for pid, k in keys if k not in records and (chosen is None or k in chosen)]
+        if episodes is not None:
+            not_measured += [k for _, k in ekeys if k not in episodes.records
+                             and (chosen_episodes is None or k in chosen_episodes)]
         verdict = judge(tally, settings.min_valid, interrupted, gates or None,
                         placement_problem(mine_all + own_checks),
-                        episode_result.tally if episode_result is not None else None)
+                        episode_result.tally if episode_result is not None else None, unexpected, not_measured)
         results.append(TargetResult(target, mine, picked, setup, tally, verdict, comparison, episode_result))
     if settings.targets:
         verdict = combine_verdicts([(str(t.name), t.verdict) for t in results])
     else:
         verdict = results[0].verdict
-    return RunResult(settings, probe_set, results, verdict, list(checks), episodes, list(episode_checks))
+    result = RunResult(settings, probe_set, results, verdict, list(checks), episodes, list(episode_checks))
+    if gate_selected and not interrupted and not selected and not (episodes is not None and episodes.selected):
+        result.fail(Status.NOT_MEASURED, "the gate item (cachecheck::gate) was selected without any probe or "
+                                         "episode to judge (-k, --deselect or --lf), so nothing was measured; "
+                                         "run the probes with it")
+    return result

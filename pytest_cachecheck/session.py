@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
 
 from .errors import ConfigError, ModelChoiceError, RequestError, ServerSetupError
-from .model import Outcome, ProbeSet, record_key
+from .model import ProbeSet, record_key
 from .probes import Probe, ProbeFileError, builtin_probes, load_probes, probe_set_fingerprint
 from .redact import Redactor
 from .settings import Settings, check_outputs, resolve
@@ -73,11 +73,17 @@ class CheckSession:
         baseline."""
         if self.known_different is not None:
             return self.known_different.get(f"{'episode' if episodes else 'probe'}@{target}", {})
-        baseline = self.baselines.get(target)
-        if baseline is None:
-            return {}
-        records = (baseline.episodes or []) if episodes else baseline.records
-        return {r.id: r.fingerprint for r in records if r.outcome == Outcome.DIFFERENT}
+        from .baseline import known_different
+
+        return known_different(self.baselines.get(target), episodes)
+
+    def expectation(self, record: Any) -> Optional[str]:
+        """Why this record's divergence does not fail the run by itself, or None (``run.expectation``)."""
+        from .model import EpisodeRecord
+        from .run import expectation
+
+        known = self.baseline_different(record.target, episodes=isinstance(record, EpisodeRecord))
+        return expectation(record, self.settings, known)
 
     def prepare(self, *, send: bool) -> Dict[Optional[str], Optional[str]]:
         """Resolve (and, with ``send``, check) every target's server setup; target -> error text or None.

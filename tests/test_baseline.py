@@ -116,7 +116,6 @@ def test_baseline_with_errors_only() -> None:
     assert c.current_rate is not None and (c.current_rate.different, c.current_rate.valid) == (1, 2)
     assert c.verdict == "inconclusive"
     assert "only 0 of 4" in c.why
-    assert should_fail(c, "new-divergence")[0] is False
     ok, why = should_fail(c, "rate-increase")
     assert ok is False and "baseline has no valid probe" in why
     assert "n/a" in "\n".join(comparison_lines(c))
@@ -392,16 +391,17 @@ def test_report_without_summary_loads() -> None:
 
 def test_should_fail_new_divergence() -> None:
     c = cmp([rec("a", "same"), rec("b", "different")], [rec("a", "different"), rec("b", "same")])
-    fail, why = should_fail(c, "new-divergence")
+    # which divergences are new is each record's expectation (run.expectation), given as ``unexpected``
+    fail, why = should_fail(c, "new-divergence", unexpected=["a"])
     assert fail and "1 probe newly diverged against the baseline: a" == why
-    assert should_fail(c) == (fail, why)  # the default policy
+    assert should_fail(c, unexpected=["a"]) == (fail, why)  # the default policy
     fail, why = should_fail(cmp([rec("a", "different")], [rec("a", "different")]), "new-divergence")
-    assert not fail and "no probe newly diverged" in why  # a known divergence is not a new one
+    assert not fail and "no probe newly diverged" in why
 
 
 def test_should_fail_new_divergence_lists_at_most_ten() -> None:
     c = cmp([rec(f"p{i:02}", "same") for i in range(12)], [rec(f"p{i:02}", "different") for i in range(12)])
-    fail, why = should_fail(c, "new-divergence")
+    fail, why = should_fail(c, "new-divergence", unexpected=[f"p{i:02}" for i in range(12)])
     assert fail and why.startswith("12 probes newly diverged") and why.endswith("and 2 more")
 
 
@@ -413,7 +413,7 @@ def test_should_fail_rate_increase() -> None:
     # equal rate on a different probe: not an increase (though one probe newly diverged)
     equal = cmp(base, [rec("a", "different"), rec("b", "same"), rec("c", "same"), rec("d", "same")])
     assert should_fail(equal, "rate-increase")[0] is False
-    assert should_fail(equal, "new-divergence")[0] is True
+    assert should_fail(equal, "new-divergence", unexpected=["a"])[0] is True
     # rates compare exactly, not as rounded floats: 1/3 vs 2/6
     third = cmp([rec("a", "different"), rec("b", "same"), rec("c", "same")],
                 [rec(x, "different") for x in "ab"] + [rec(x, "same") for x in "cdef"])
@@ -500,7 +500,13 @@ def test_real_runs_against_the_emulation(emulator: Callable[..., Emulator], tmp_
     assert c.verdict == "regressed" and c.mcnemar_p == 1.0
     assert c.newly_diverged() == ["bread-rising"] and c.still_different() == {"bike-chain"}
     assert c.env_warnings == []  # same emulated server, same settings (the URL is not part of it)
-    assert should_fail(c, "new-divergence")[0] and should_fail(c, "rate-increase")[0]
+    assert should_fail(c, "rate-increase")[0]
+    # judged with the baseline, as the plugin judges it: bread-rising is the one new divergence
+    gated = f.run(t.probes, s=Settings(url="http://x", replicas=("http://x",), baseline=str(path)),
+                  baselines={None: baseline_for(load_baseline(str(path)), None, str(path))})
+    assert not gated.verdict.ok and gated.verdict.why == "1 probe newly diverged against the baseline: bread-rising"
+    assert {r.id: r.expected for r in t.probes if r.different} == {
+        "bike-chain": "also differed in the baseline", "bread-rising": None}
 
 
 # --------------------------------------------------------------------------- target matrices

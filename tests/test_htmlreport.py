@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 
 from pytest_cachecheck.baseline import Baseline
-from pytest_cachecheck.htmlreport import EXPECTED, NEW, STYLES, UNCOUNTED, passed, render_html, write_html
+from pytest_cachecheck.htmlreport import EXPECTED, NEW, STYLES, passed, render_html, write_html
 from pytest_cachecheck.model import (STATUSES, VERDICTS, NEAR_TIE_NATS, Outcome, ProbeRecord, ReportError,
                                      RunReport, Status, Tally)
 from pytest_cachecheck.redact import Redactor, display_url
@@ -253,7 +253,12 @@ def test_pass_or_fail_agrees_with_the_verdicts_the_session_gives() -> None:
              judge(Tally(4, 1, 0, 3), 0.8), judge(Tally(0), 0.8), judge(Tally(4, 4), 0.8, interrupted=True),
              judge(Tally(4, 4), 0.8, unreliable="two workers"),
              judge(Tally(4, 3, 1), 0.8, gates=[(True, "x")]),
-             judge(Tally(4, 3, 1), 0.8, gates=[(False, "within")])]
+             judge(Tally(4, 3, 1), 0.8, gates=[(False, "within")]),
+             judge(Tally(4, 3, 1), 0.8, unexpected=(1, 0)),
+             judge(Tally(3, 3), 0.8, not_measured=["p4"])]
+    unwritten = f.run([f.record("a", "same")])
+    unwritten.fail(Status.UNWRITTEN, "could not write r.json")
+    cases.append(unwritten.verdict)
     for v in cases:
         assert passed(v.status) == v.ok, v
         seen.add(v.status)
@@ -278,7 +283,7 @@ def test_every_status_word_has_a_style() -> None:
     coloured = {sel.strip() for sels, body in _css_rules(page) if "background" in body
                 for sel in sels.split(",")}
     words = ([s.value for s in Status] + [o.value for o in Outcome] + list(STATUSES) + list(VERDICTS)
-             + [NEW, EXPECTED, UNCOUNTED])
+             + [NEW, EXPECTED])
     assert {"unreliable", "gate-failed", "still different", "no-probes"} <= set(words)
     for word in words:
         cls = "b-" + re.sub(r"[^a-z0-9]", "-", word)
@@ -327,18 +332,22 @@ def test_expected_divergences_against_a_baseline() -> None:
     assert "also differed in the baseline" in articles["probe-0"]
     assert 'class="probe o-different k-new"' in articles["probe-1"]
     assert "new divergence" in articles["probe-1"]
-    assert '<span class="badge b-not-counted">not counted</span>' in articles["probe-2"]
+    # new since the baseline: as much a new divergence as one that was same there (the item fails too)
+    assert 'class="probe o-different k-new"' in articles["probe-2"]
+    assert "new probe, absent in the baseline" in articles["probe-2"]
     assert page.index('id="group-new"') < page.index('id="probe-1"') < page.index('id="group-expected"') \
         < page.index('id="probe-0"')
-    assert "Divergences that do not fail the run (2)" in page
+    assert "New divergences (2)" in page and "Expected divergences (1)" in page
+    assert "1 probe newly diverged" not in report.summary.why and "2 probes newly diverged" in report.summary.why
     # the chart colours them apart as well
-    assert page.count('class="pt-new"') == 1 and page.count('class="pt-expected"') == 1
+    assert page.count('class="pt-new"') == 2 and page.count('class="pt-expected"') == 1
 
 
 @pytest.mark.parametrize("extra, why", [
-    ({"max_rate": 0.6}, "the rate gate (--cachecheck-max-rate 0.6) decides"),
-    ({"baseline": "b.json", "fail_on": "rate-increase"}, "the baseline policy rate-increase decides"),
-    ({"baseline": "b.json", "fail_on": "never"}, "the baseline policy never decides"),
+    ({"max_rate": 0.6}, "diverged; the rate gate decides (--cachecheck-max-rate)"),
+    ({"baseline": "b.json", "fail_on": "rate-increase"},
+     "diverged; the baseline policy rate-increase decides (--cachecheck-fail-on)"),
+    ({"baseline": "b.json", "fail_on": "never"}, "diverged; the baseline policy never decides (--cachecheck-fail-on)"),
 ])
 def test_expected_divergences_under_a_gate(extra: Dict[str, Any], why: str) -> None:
     s = f.settings(url=URL, replicas=(URL,), **extra)
@@ -347,7 +356,7 @@ def test_expected_divergences_under_a_gate(extra: Dict[str, Any], why: str) -> N
     page = render_html(report)
     alpha = article(page, "probe-0")
     assert '<span class="badge b-expected-divergence">expected divergence</span>' in alpha
-    assert f"expected: {why}, not each probe" in alpha
+    assert f"expected: {why}" in alpha
     assert 'id="group-new"' not in page and 'id="group-expected"' in page
     # without a gate the same probe is a new divergence
     plain = render_html(f.report(sample_records(), s=f.settings(url=URL, replicas=(URL,))))

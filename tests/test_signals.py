@@ -219,7 +219,7 @@ def test_ctrl_c_during_server_detection_writes_the_report(pytester, emulator, si
     data = run.data()
     assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, out
     assert data["summary"]["status"] == "interrupted" and data["summary"]["exit_status"] == 2
-    assert "while the server was being detected" in data["summary"]["why"]
+    assert "while the server setup was being checked" in data["summary"]["why"]
     assert data["probes"] == [] and data["summary"]["not_run"] == IDS[:4]
     assert "cachecheck verdict: FAIL (interrupted)" in out and run.html.is_file()
     assert len(emu.requests_log) == 1

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Mapping, Optional, Sequence
 
-from pytest_cachecheck.baseline import Baseline, env_of
+from pytest_cachecheck.baseline import Baseline, env_of, known_different
 from pytest_cachecheck.model import (Checks, Divergence, HitCheck, Outcome, ProbeRecord, ProbeSet, Request,
                                      RunReport, ServerDescription, Setup)
 from pytest_cachecheck.protocol import divergence_message, excerpt, first_difference
-from pytest_cachecheck.run import RunResult, TargetInput, summarise
+from pytest_cachecheck.run import RunResult, TargetInput, expectation, summarise
 from pytest_cachecheck.settings import Settings
 
 URL = "http://127.0.0.1:8000"
@@ -88,6 +88,8 @@ def run(records: Sequence[ProbeRecord] = (), *, s: Optional[Settings] = None,
         inputs = [TargetInput(None, s.url, setup_ or setup())]
         by_key = {r.key: r for r in records}
         ids = [r.id for r in records]
+    for r in by_key.values():  # as the plugin does where it makes a record
+        r.expected = expectation(r, s, known_different((baselines or {}).get(r.target)))
     return summarise(s, probe_set, ids, inputs, by_key, list(checks), selected, baselines or {}, interrupted)
 
 
