@@ -29,7 +29,7 @@ import math
 from enum import Enum
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .files import write_text_atomic
+from .files import write_text
 from .model import (CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE, NEWLY_DIVERGED,
                     NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME,
                     Comparison, EpisodeRecord, EpisodeStep, Outcome, ProbeRecord, Rate, RunReport, ServerDescription,
@@ -934,5 +934,5 @@ def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None)
 
 
 def write_html(path: str, report: RunReport, scrub: Optional[Callable[[str], str]] = None) -> None:
-    """Render and write the page atomically: a temporary file beside ``path``, then ``os.replace``."""
-    write_text_atomic(path, render_html(report, scrub), ".html.tmp")
+    """Render and write the page (:func:`~pytest_cachecheck.files.write_text`: a regular file atomically)."""
+    write_text(path, render_html(report, scrub), ".html.tmp")
