@@ -1,6 +1,7 @@
 """The output files: what a report path may be and how each kind is written (a regular file replaced
 atomically, a symlink written through to its target, a character device and a FIFO written through, a
-directory and a socket refused).
+directory and a socket refused), and what the HTML page shows of server text (no raw control or bidi
+character) and of a huge comparison (a capped list, whole counts).
 
 Character devices are made here with ``os.mknod`` (the numbers of ``/dev/null`` and ``/dev/full``), never
 the machine's own ``/dev`` nodes.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import socket
 import stat
 import threading
@@ -22,6 +24,8 @@ import pytest
 
 import pytest_cachecheck.protocol  # noqa: F401 - one copy of requests across in-process runs (test_faults.py)
 from pytest_cachecheck.files import write_report, write_text
+from pytest_cachecheck.htmlreport import MAX_ROWS, render_html
+from pytest_cachecheck.model import NEWLY_DIVERGED, NOT_RUN, STATUSES, STILL_SAME, Comparison, Row
 from tests.support import factories as f
 
 FAST = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark"]
@@ -218,3 +222,84 @@ def test_plugin_refuses_a_socket_as_report_before_any_request(pytester: pytest.P
                                   "expected a path to write to (*r.sock is a socket, not a regular file, a "
                                   "character device or a FIFO)*")])
     assert emu.requests_log == []
+
+
+# -- the HTML page: server text -----------------------------------------------------------------------------
+#: every character the page must never carry raw: C0 (but newline and tab), DEL, C1, bidi marks, embeddings,
+#: overrides and isolates
+RAW = ([chr(c) for c in range(0x20) if chr(c) not in "\n\t"] + [chr(c) for c in range(0x7F, 0xA0)]
+       + ["\u200e", "\u200f"] + [chr(c) for c in range(0x202A, 0x202F)]
+       + [chr(c) for c in range(0x2066, 0x206A)])
+HOSTILE = "red \x1b[31m\x00 turned \u202etxt.exe\u2066 \u200f" + "".join(RAW)
+
+
+def _no_raw(page: str) -> None:
+    found = sorted({f"U+{ord(c):04X}" for c in page if c in RAW})
+    assert not found, found
+
+
+def test_page_shows_control_and_bidi_characters_as_escapes() -> None:
+    before = f.baseline([f.record(f"gone{HOSTILE}", "same"), f.record(f"p{HOSTILE}", "same")])
+    report = f.report([
+        f.record(f"p{HOSTILE}", "different", cache=f"same start {HOSTILE} A\nline two\tend",
+                 recompute=f"same start {HOSTILE} B", turn1=f"turn one {HOSTILE}"),
+        f.record("q", "inconclusive", cache="x", recompute="y", reason=f"inconclusive: {HOSTILE}"),
+        f.record("r", "error", cache=None, recompute=None, reason=f"connection refused {HOSTILE}"),
+    ], setup_=f.setup(model=f"emu/{HOSTILE}", build=f"0.34{HOSTILE}"), baselines={None: before})
+    page = render_html(report)
+    _no_raw(page)
+    mark = '<span class="control" style="color: var(--severe); font-weight: 600">{}</span>'
+    for escape in ("\\x1b", "\\x00", "\\u202e", "\\u2066", "\\u200f", "\\x85", "\\r", "\\x7f"):
+        assert mark.format(escape) in page
+    assert "<h4>p" + "red " + mark.format("\\x1b") + "[31m" + mark.format("\\x00") in page  # the id
+    assert "model emu/red " + mark.format("\\x1b") in page  # the model name
+    assert "A\nline two\tend" in page  # newline and tab stay as they are
+    assert ">gonered " + mark.format("\\x1b") in page  # a comparison row's id
+
+
+def test_matrix_page_titles_carry_escapes_without_markup() -> None:
+    rec = f"p{HOSTILE}"
+    report = f.report(targets={"a": [f.record(rec, "same", target="a")],
+                               "b": [f.record(rec, "different", cache="one", recompute="two", target="b")]})
+    page = render_html(report)
+    _no_raw(page)
+    attributes = re.findall(r'title="([^"]*)"', page)
+    svg_titles = re.findall(r"<title>([^<]*)</title>", page)[1:]  # the page's own title first
+    assert len(attributes) == 2 and len(svg_titles) == 1, (attributes, svg_titles)
+    for title in attributes + svg_titles:
+        assert title.startswith("pred \\x1b[31m\\x00 turned \\u202etxt.exe\\u2066 \\u200f\\x00\\x01"), title
+    assert page.count("<title>") == 2  # no markup inside a title ends it early
+
+
+# -- the HTML page: a huge comparison -----------------------------------------------------------------------
+def test_a_comparison_of_100000_rows_lists_the_first_rows_and_keeps_the_counts() -> None:
+    report = f.report([f.record("p", "same")], baselines={None: f.baseline([f.record("p", "same")])})
+    rows = ([Row(f"new-{i:06d}", "same", "different", NEWLY_DIVERGED) for i in range(300)]
+            + [Row(f"gone-{i:06d}", "same", None, NOT_RUN) for i in range(700)]
+            + [Row(f"same-{i:06d}", "same", "same", STILL_SAME) for i in range(99_000)])
+    counts = {s: 0 for s in STATUSES}
+    counts.update({NEWLY_DIVERGED: 300, NOT_RUN: 700, STILL_SAME: 99_000})
+    base = report.targets[0].baseline
+    assert base is not None
+    report.targets[0].baseline = Comparison(rows, counts, "regressed", "300 newly diverged", 0.0, 99_300,
+                                            99_300)
+    page = render_html(report)
+    assert len(page.encode("utf-8")) < 1_000_000, len(page)
+    assert "newly diverged <b>300</b> | not run <b>700</b> | still same <b>99000</b>" in page
+    assert "99000 probes still same" in page
+    shown = page[page.index('id="baseline-rows"'):page.index('id="baseline-rows-more"')]
+    assert shown.count("<tr>") == 1 + MAX_ROWS
+    assert ">new-000000<" in shown and ">new-000299<" in shown  # the most important rows come first
+    assert ">gone-000199<" in shown and ">gone-000200<" not in shown
+    assert '<p class="why" id="baseline-rows-more">and 500 more rows: see the JSON report</p>' in page
+    assert '<p class="why" id="baseline-same-rows-more">and 98500 more rows: see the JSON report</p>' in page
+    same = page[page.index('id="baseline-same-rows"'):page.index('id="baseline-same-rows-more"')]
+    assert same.count("<tr>") == 1 + MAX_ROWS
+
+
+def test_a_comparison_of_exactly_max_rows_says_nothing_more() -> None:
+    before = f.baseline([f.record(f"p{i}", "same") for i in range(MAX_ROWS)])
+    records = [f.record(f"p{i}", "same") for i in range(MAX_ROWS)]
+    page = render_html(f.report(records, baselines={None: before}))
+    assert "more rows" not in page
+    assert page.count("<td>same</td><td>same</td>") == MAX_ROWS
