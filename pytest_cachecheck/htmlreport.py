@@ -13,8 +13,10 @@ named ``<probe id>@<target>`` and every anchor is unique (``probe-<i>``, ``i`` i
 ``report.probes``; a target's element ids end in ``-<target number>``).
 
 The page has inline CSS and inline SVG only: no script, no external resource (a Content-Security-Policy
-meta tag forbids both, in case anything slipped through). Every text from the report is escaped; a
-``scrub`` function, when given, is applied to every string of the report before anything is rendered.
+meta tag forbids both, in case anything slipped through). Every text from the report is escaped, and its
+control and bidi characters shown as visible escapes (``\\x1b``, ``\\u202e``); a ``scrub`` function, when
+given, is applied to every string of the report before anything is rendered. A comparison's tables list at
+most ``MAX_ROWS`` rows each (the counts stay whole).
 The only URLs shown are the report's, which carry no credentials (they pass
 :func:`~pytest_cachecheck.redact.display_url` once more all the same).
 
@@ -29,7 +31,7 @@ import math
 from enum import Enum
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from .files import write_text_atomic
+from .files import write_text
 from .model import (CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE, NEWLY_DIVERGED,
                     NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME,
                     Comparison, EpisodeRecord, EpisodeStep, Outcome, ProbeRecord, Rate, RunReport, ServerDescription,
@@ -37,7 +39,7 @@ from .model import (CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE, NEWL
 from .protocol import first_difference
 from .redact import display_url
 from .stats import format_p
-from .text import counted
+from .text import counted, visible
 
 __all__ = ["render_html", "write_html", "STYLES", "passed"]
 
@@ -170,9 +172,21 @@ _CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-acti
 
 # --------------------------------------------------------------------------- small pieces
 
+def _control(escape: str) -> str:
+    # a style attribute, not a class: the page's stylesheet stays as it is
+    return f'<span class="control" style="color: var(--severe); font-weight: 600">{escape}</span>'
+
+
 def _e(value: Any) -> str:
-    """Escaped text of any value (None becomes an empty string)."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """Escaped text of any value (None becomes an empty string); control and bidi characters (a server's
+    text may hold any) shown as visible escapes such as ``\\x1b``, as in the terminal
+    (:func:`~pytest_cachecheck.text.visible`)."""
+    return visible(html.escape("" if value is None else str(value), quote=True), _control)
+
+
+def _plain(value: Any) -> str:
+    """:func:`_e` without markup, for an attribute or a ``<title>``."""
+    return html.escape(visible("" if value is None else str(value)), quote=True)
 
 
 def _badge(word: Any) -> str:
@@ -403,7 +417,7 @@ def _chart(probes: Sequence[_Probe], max_tokens: Any, suffix: str) -> str:
         else:
             title += ", no logprob margins"
             marks = (f'<path class="{cls}" d="M{xx:.1f} {strip - 6} l5 6 l-5 6 l-5 -6 z"/>')
-        out.append(f'<a href="#{p.anchor}"><title>{_e(title)}</title>{marks}</a>')
+        out.append(f'<a href="#{p.anchor}"><title>{_plain(title)}</title>{marks}</a>')
     out.append("</svg>")
     kinds = sorted({p.kind[0] for p in placed if p.kind}, key=list(_KIND_CLASS).index)
     legend = (", ".join(f'<span class="key {_KIND_CLASS[k]}"></span> {_e(k)}' for k in kinds)
@@ -419,6 +433,11 @@ def _chart(probes: Sequence[_Probe], max_tokens: Any, suffix: str) -> str:
 
 
 # --------------------------------------------------------------------------- comparisons
+
+#: the most rows a comparison's table lists (a run of 100,000 probes would make a page of megabytes); the
+#: counts stay whole, the JSON report has every row
+MAX_ROWS = 500
+
 
 def _comparison_section(c: Comparison, anchors: Dict[str, str], *, title: str, ident: str,
                         before: str = "baseline", after: str = "now", note: Optional[str] = None,
@@ -447,15 +466,18 @@ def _comparison_section(c: Comparison, anchors: Dict[str, str], *, title: str, i
         head = ("<th>before</th><th>after</th>" if (before, after) == ("baseline", "now")
                 else f"<th>{_e(before)}</th><th>{_e(after)}</th>")
         body = []
-        for r in rows:
+        for r in rows[:MAX_ROWS]:  # the rows come most important first
             link = f'<a href="#{anchors[r.id]}">{_e(r.id)}</a>' if r.id in anchors else _e(r.id)
             was = _e(r.before or "-")
             if before_anchors is not None and r.id in before_anchors and r.before:
                 was = f'<a href="#{before_anchors[r.id]}">{was}</a>'
             body.append(f"<tr><td>{link}</td><td>{was}</td><td>{_e(r.after or '-')}</td>"
                         f"<td>{_badge(r.status)}</td></tr>")
+        more = len(rows) - len(body)
+        tail = (f'<p class="why" id="{table_id}-more">and {counted(more, "more row")}: see the JSON report</p>'
+                if more else "")
         return (f'<table class="grid" id="{table_id}"><tr><th>id</th>{head}<th>status</th></tr>'
-                + "".join(body) + "</table>")
+                + "".join(body) + "</table>" + tail)
 
     shown = [r for r in c.rows if r.status != STILL_SAME]
     same = [r for r in c.rows if r.status == STILL_SAME]
@@ -814,7 +836,7 @@ def _probe_index(report: RunReport, by_target: Dict[Optional[str], List[_Probe]]
                 cells.append('<td><span class="none">-</span></td>')
             else:
                 tag = _badge(hit.kind[0]) if hit.kind else ""
-                cells.append(f'<td><a href="#{hit.anchor}" title="{_e(hit.label)}">'
+                cells.append(f'<td><a href="#{hit.anchor}" title="{_plain(hit.label)}">'
                              f"{_badge(hit.record.outcome.value)}{tag}</a></td>")
         body.append(f"<tr><td>{_e(pid)}</td>{''.join(cells)}</tr>")
     return (f'<h3 id="probe-index-title">Probes side by side</h3><table class="grid" id="probe-index">'
@@ -897,7 +919,7 @@ def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None)
         '<html lang="en"><head><meta charset="utf-8">',
         f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
         '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>",
+        f"<title>{_plain(title)}</title><style>{_CSS}</style></head><body>",
         "<h1>pytest-cachecheck report</h1>",
     ]
     body = (_render_matrix(report, by_target) if report.matrix
@@ -909,5 +931,5 @@ def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None)
 
 
 def write_html(path: str, report: RunReport, scrub: Optional[Callable[[str], str]] = None) -> None:
-    """Render and write the page atomically: a temporary file beside ``path``, then ``os.replace``."""
-    write_text_atomic(path, render_html(report, scrub), ".html.tmp")
+    """Render and write the page (:func:`~pytest_cachecheck.files.write_text`: a regular file atomically)."""
+    write_text(path, render_html(report, scrub), ".html.tmp")

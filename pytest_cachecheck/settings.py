@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
+from .files import REPLACE, output_target
 from .redact import MIN_SECRET, ambiguous_url, display_url, split_credentials
 
 MODES = ("auto", "llama.cpp", "one-server", "two-servers")
@@ -333,7 +334,15 @@ def _writable_report(value: str, base: Path, name: str = "report") -> str:
         path = base / path
     if path.is_dir():
         raise _bad(name, value, "a file path, not a directory")
-    parent = path.parent
+    try:
+        real, kind = output_target(str(path))
+    except OSError as exc:
+        raise _bad(name, value, f"a path to write to ({exc.strerror})") from None
+    if kind != REPLACE:  # written through: no temporary file, no directory to write in
+        if not os.access(real, os.W_OK):
+            raise _bad(name, value, f"a writable {kind} ({real}: permission denied)")
+        return str(path)
+    parent = Path(real).parent  # a symlink's target is replaced: beside it goes the temporary file
     if not parent.is_dir():
         raise _bad(name, value, f"a path in an existing directory ({parent} does not exist)")
     try:

@@ -3,18 +3,20 @@
 A server is untrusted: a JSON string of it may hold a lone surrogate (``"\\ud800"``), which no UTF-8 writer
 can encode, and any string of it may hold control characters that move the cursor, clear lines or turn the
 text right to left in a terminal. :func:`clean_text` makes a string encodable; :func:`printable` makes it
-safe to show on one line.
+safe to show on one line, :func:`visible` on several.
 """
 
 from __future__ import annotations
 
 import re
-from typing import List
+from typing import Callable, List
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
-# C0 controls, DEL, C1 controls, the bidi embeddings, overrides and isolates, line and paragraph separators,
-# and lone surrogates
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff]")
+# C0 controls, DEL, C1 controls, the bidi marks, embeddings, overrides and isolates, line and paragraph
+# separators, and lone surrogates
+_CONTROLS = "\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069\u2028\u2029\ud800-\udfff"
+_UNPRINTABLE = re.compile(f"[{_CONTROLS}]")
+_UNPRINTABLE_BUT_LINES = re.compile(f"(?![\n\t])[{_CONTROLS}]")  # the same, newline and tab kept
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 
 
@@ -55,6 +57,13 @@ def printable(text: str, limit: int = 200) -> str:
         room -= len(escaped)
         pos = match.end()
     return "".join(out)
+
+
+def visible(text: str, mark: Callable[[str], str] = str) -> str:
+    """``text`` with each character :func:`printable` escapes, except newline and tab, replaced by its escape
+    (``\\x1b``, ``\\u202e``) passed through ``mark`` (which may style it): for text shown on several lines,
+    whole."""
+    return _UNPRINTABLE_BUT_LINES.sub(lambda m: mark(_escape(m.group())), text)
 
 
 def counted(n: int, noun: str, plural: str = "") -> str:
