@@ -39,10 +39,14 @@ reads as what it is. Whether the run *fails* is a separate, explicit policy (:fu
 ``new-divergence`` (the default: any newly diverged probe fails), ``rate-increase`` (the current
 divergence rate is higher than the baseline's, over each run's own valid probes) or ``never``.
 
-Environment changes between the two runs (:func:`fingerprint_env`) are listed: a changed server build
-or model is what an upgrade looks like, so those are *notes*; any other change (mode, max_tokens,
-hit_tolerance, skip_hit_check, server kind, probe set) is a *warning* that the comparison may not be
-like for like.
+Environment changes between the two runs (:func:`env_of`, :func:`env_changes`) are listed: a changed
+server build or model is what an upgrade looks like, so those are *notes*; any other change (mode,
+max_tokens, hit_tolerance, skip_hit_check, server kind, probe or episode set, the version of this plugin
+that wrote the baseline) is a *warning* that the comparison may not be like for like.
+
+A baseline is refused when it is loaded (:func:`load_baseline`) if it cannot be compared honestly: two
+records of one target share an id, the run that wrote it was interrupted, or it was recorded with
+``--cachecheck-record`` by a run whose verdict did not pass.
 
 This module knows nothing about pytest; it works on the typed records of :mod:`pytest_cachecheck.model`.
 """
@@ -52,12 +56,14 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Union
 
+from . import __version__
 from .model import (CONVERSATION_CHANGED, HEALED, NEW_PROBE, NEWLY_DIVERGED, NEWLY_INCONCLUSIVE, NEWLY_VALID,
                     NOT_RUN, STATUSES, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME, Comparison, EpisodeRecord,
-                    Outcome, ProbeRecord, ProbeSet, Rate, ReportError, Row, RunReport, Setup)
+                    Outcome, ProbeRecord, ProbeSet, Rate, ReportError, Row, RunReport, Setup, Status,
+                    TargetReport, shown)
 from .stats import mcnemar_exact
 from .text import counted, printable
 
@@ -75,7 +81,8 @@ _FIELD_LABELS = {
     "max_tokens": "max_tokens",
     "hit_tolerance": "hit_tolerance",
     "skip_hit_check": "skip_hit_check",
-    "probe_set": "probe set fingerprint",
+    "probe_set": "{unit} set fingerprint",
+    "plugin_version": "pytest-cachecheck version",
 }
 #: the largest baseline file read, so that a broken file cannot exhaust memory
 MAX_BASELINE_BYTES = 256 * 1024 * 1024
@@ -85,18 +92,21 @@ MAX_INTEGER = 2 ** 53
 
 
 class BaselineError(ValueError):
-    """The baseline file cannot be used: unreadable, not JSON, not a cachecheck report, or a schema
-    version this plugin does not read. The message names the file."""
+    """The baseline file cannot be used: unreadable, not JSON, not a cachecheck report, a schema version
+    this plugin does not read, an id repeated, or the report of an interrupted or failed recording. The
+    message names the file."""
 
 
 @dataclass
 class Baseline:
-    """One side of a comparison: its records, the environment they were measured in, when."""
+    """One side of a comparison: its records, the environment they were measured in, when; and the
+    episodes with theirs (whose set field is the episode set's fingerprint)."""
 
     records: Sequence[Record]
     env: Mapping[str, Any]
     created: Optional[str] = None
     episodes: Optional[Sequence[EpisodeRecord]] = None  # None: the baseline ran no episodes
+    episode_env: Mapping[str, Any] = field(default_factory=dict)  # empty when it ran no episodes
 
 
 def known_different(baseline: Optional[Baseline], episodes: bool = False) -> Dict[str, str]:
@@ -115,7 +125,7 @@ def load_baseline(path: str) -> RunReport:
 
     Raises :class:`BaselineError` (message starting with the path) when the file cannot be read, is
     not JSON, is not a pytest-cachecheck report, has an unsupported ``schema_version`` or a field of the
-    wrong type (named).
+    wrong type (named), or cannot be compared honestly (:func:`_refusal`).
     """
     try:
         with open(path, "rb") as f:
@@ -144,11 +154,41 @@ def load_baseline(path: str) -> RunReport:
     if problem:
         raise BaselineError(f"{path}: {problem}")
     try:
-        return RunReport.from_json(data)
+        report = RunReport.from_json(data)
     except ReportError as exc:
         raise BaselineError(f"{path}: {exc}") from None
     except RecursionError:
         raise BaselineError(f"{path}: the baseline report is nested too deeply") from None
+    problem = _refusal(report)
+    if problem:
+        raise BaselineError(f"{path}: {problem}")
+    return report
+
+
+def _refusal(report: RunReport) -> Optional[str]:
+    """Why a well-formed report cannot serve as a baseline, or None: an id that two records of one target
+    share (the comparison pairs records by id), an interrupted run (it holds only part of the set), or a
+    recording (``--cachecheck-record``) whose verdict did not pass."""
+    for t in report.targets:
+        where = f"target {shown(t.name)!r}: " if report.matrix else ""
+        kinds: List[Tuple[str, Sequence[Record]]] = [("probe", t.probes), ("episode", t.episodes or [])]
+        for unit, records in kinds:
+            seen: Set[str] = set()
+            for r in records:
+                if r.id in seen:
+                    return (f"{where}two {unit}s have the id {shown(r.id)!r}; a comparison pairs {unit}s by "
+                            f"id, so each must be unique: record it again")
+                seen.add(r.id)
+    for s in [report.summary, *(t.summary for t in report.targets)]:
+        if s.status == Status.INTERRUPTED:
+            return (f"the baseline comes from an interrupted run ({shown(s.why, 200)}) and may lack what did "
+                    f"not run: record it again with a run that completes")
+    s = report.summary
+    if report.settings.get("record") is True and s.status != Status.PASSED:
+        return (f"the baseline was recorded (--cachecheck-record) by a run whose verdict was "
+                f"{s.status.value!r} ({shown(s.why, 200)}), so its measurement cannot be trusted: fix the "
+                f"cause and record it again")
+    return None
 
 
 class _LongNumber:
@@ -206,8 +246,7 @@ def baseline_for(report: RunReport, target: Optional[str], path: str = "baseline
     name. Raises :class:`BaselineError` naming the file when there is no such part.
     """
     if not report.matrix:
-        return Baseline(report.probes, env_of(report.settings, report.targets[0].setup, report.probe_set),
-                        report.created or None, report.targets[0].episodes)
+        return _side(report, report.targets[0])
     names = [str(t.name) for t in report.targets]
     if target is None:
         raise BaselineError(f"{path}: a target-matrix report (targets {', '.join(names)}); compare it with a "
@@ -215,19 +254,30 @@ def baseline_for(report: RunReport, target: Optional[str], path: str = "baseline
     if target not in names:
         raise BaselineError(f"{path}: the baseline's targets are {', '.join(names)}; it has no target "
                             f"{target!r} to compare with")
-    t = report.target(target)
-    return Baseline(t.probes, env_of(report.settings, t.setup, report.probe_set), report.created or None,
-                    t.episodes)
+    return _side(report, report.target(target))
+
+
+def _side(report: RunReport, t: TargetReport) -> Baseline:
+    version = report.tool_version or None  # None: a report that does not say which version wrote it
+
+    def env(sample: Optional[ProbeSet]) -> Dict[str, Any]:
+        return env_of(report.settings, t.setup, sample, version)
+
+    return Baseline(t.probes, env(report.probe_set), report.created or None, t.episodes,
+                    env(report.episode_set) if report.episode_set is not None else {})
 
 
 # --------------------------------------------------------------------------- environment
 
-def env_of(settings: Mapping[str, Any], setup: Optional[Setup], probe_set: Optional[ProbeSet]) -> Dict[str, Any]:
+def env_of(settings: Mapping[str, Any], setup: Optional[Setup], probe_set: Optional[ProbeSet],
+           version: Optional[str] = __version__) -> Dict[str, Any]:
     """The environment a run (or one target of it) was measured in.
 
     Keys: ``server_kind``, ``server_build``, ``model``, ``mode`` (the resolved mode, else the
-    configured one), ``max_tokens``, ``hit_tolerance``, ``skip_hit_check`` and ``probe_set`` (the
-    probe set fingerprint). Missing values are ``None``.
+    configured one), ``max_tokens``, ``hit_tolerance``, ``skip_hit_check``, ``probe_set`` (the
+    fingerprint of the set measured: the probe set, or the episode set for episodes) and
+    ``plugin_version`` (the pytest-cachecheck version that measured it: this one unless given). Missing
+    values are ``None``.
     """
     server = setup.server if setup is not None else None
     return {
@@ -239,6 +289,7 @@ def env_of(settings: Mapping[str, Any], setup: Optional[Setup], probe_set: Optio
         "hit_tolerance": settings.get("hit_tolerance"),
         "skip_hit_check": settings.get("skip_hit_check"),
         "probe_set": probe_set.fingerprint if probe_set is not None else None,
+        "plugin_version": version,
     }
 
 
@@ -250,18 +301,20 @@ def _show(name: str, value: Any) -> str:
     return str(value)
 
 
-def env_changes(before: Mapping[str, Any], after: Mapping[str, Any]) -> List[str]:
-    """One line per differing :func:`env_of` field: notes for build/model, warnings otherwise."""
+def env_changes(before: Mapping[str, Any], after: Mapping[str, Any], unit: str = "probe") -> List[str]:
+    """One line per differing :func:`env_of` field: notes for build/model, warnings otherwise. ``unit``
+    (``probe`` or ``episode``) names what was measured, and so the set whose fingerprint changed."""
     out: List[str] = []
     for name, label in _FIELD_LABELS.items():
         a, b = before.get(name), after.get(name)
         if a == b:
             continue
+        label = label.format(unit=unit)
         change = f"{label} changed: {printable(_show(name, a), 120)} -> {printable(_show(name, b), 120)}"
         if name in _NOTE_FIELDS:
             out.append(f"note: {change} (expected in an upgrade)")
         elif name == "probe_set":
-            out.append(f"warning: {change}; only probes whose conversation is unchanged are compared")
+            out.append(f"warning: {change}; only {unit}s whose conversation is unchanged are compared")
         else:
             out.append(f"warning: {change}; comparisons may not be like for like")
     return out
@@ -288,13 +341,16 @@ def _status(before: Record, after: Record) -> str:
 def _by_id(records: Sequence[Record]) -> Dict[str, Record]:
     out: Dict[str, Record] = {}
     for r in records:
-        out.setdefault(r.id, r)  # ids are unique; keep the first if not
+        out.setdefault(r.id, r)  # ids are unique (load_baseline refuses a baseline that repeats one)
     return out
 
 
-def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[str, Any]) -> Comparison:
-    """Compare this run's records (measured in ``current_env``) with a baseline, probe by probe. See the
-    module docstring for statuses and the verdict rule."""
+def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[str, Any],
+            unit: str = "probe") -> Comparison:
+    """Compare this run's records (measured in ``current_env``) with a baseline, record by record. See the
+    module docstring for statuses and the verdict rule. ``unit`` (``probe`` or ``episode``) names the
+    records in the verdict's reason and the environment warnings; for episodes pass the baseline's
+    ``episodes`` and ``episode_env``."""
     before = _by_id(baseline.records)
     after = _by_id(current)
     rows: List[Row] = []
@@ -317,11 +373,11 @@ def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[
     b, c = counts[NEWLY_DIVERGED], counts[HEALED]
     newly_inconclusive = counts[NEWLY_INCONCLUSIVE]
     p = mcnemar_exact(b, c)
-    tally = f"{b} newly diverged vs {c} healed over {counted(valid_in_both, 'probe')} valid in both runs"
+    tally = f"{b} newly diverged vs {c} healed over {counted(valid_in_both, unit)} valid in both runs"
     if paired == 0:
-        verdict, why = "inconclusive", "no probe was measured in both runs with the same conversation"
+        verdict, why = "inconclusive", f"no {unit} was measured in both runs with the same conversation"
     elif 2 * valid_in_both < paired:
-        verdict, why = "inconclusive", (f"only {valid_in_both} of {paired} paired probes were valid in both "
+        verdict, why = "inconclusive", (f"only {valid_in_both} of {paired} paired {unit}s were valid in both "
                                         f"runs, fewer than half")
     elif b > c:
         verdict, why = "regressed", tally
@@ -331,10 +387,10 @@ def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[
         verdict, why = "unchanged", tally
     else:
         verb = "is" if newly_inconclusive == 1 else "are"
-        verdict, why = "inconclusive", (f"{tally}, but {counted(newly_inconclusive, 'probe')} valid in the "
+        verdict, why = "inconclusive", (f"{tally}, but {counted(newly_inconclusive, unit)} valid in the "
                                         f"baseline {verb} not valid now and could tip it")
     return Comparison(rows=rows, counts=counts, verdict=verdict, why=why, mcnemar_p=p, paired=paired,
-                      valid_in_both=valid_in_both, env_warnings=env_changes(baseline.env, current_env),
+                      valid_in_both=valid_in_both, env_warnings=env_changes(baseline.env, current_env, unit),
                       baseline_rate=Rate.of(list(before.values())), current_rate=Rate.of(list(after.values())),
                       baseline_created=baseline.created)
 

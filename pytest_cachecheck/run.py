@@ -333,10 +333,11 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
                 gates.append(max_rate_gate(etally, settings.max_rate, "trajectory change rate", "episode"))
             ecomparison = None
             if baseline is not None and baseline.episodes is not None and (emine or target.name is None):
-                ecomparison = compare(Baseline(baseline.episodes, baseline.env, baseline.created), emine,
-                                      env_of(settings.public(), setup, episodes.episode_set))
+                ecomparison = compare(Baseline(baseline.episodes, baseline.episode_env, baseline.created),
+                                      emine, env_of(settings.public(), setup, episodes.episode_set),
+                                      unit="episode")
                 gates.append(should_fail(ecomparison, settings.fail_on, unit="episode",
-                                          unexpected=[r.id for r in emine if _unexpected(r)]))
+                                         unexpected=[r.id for r in emine if _unexpected(r)]))
             episode_result = EpisodeResult(emine, epicked, etally, ecomparison)
             mine_all: List[Union[ProbeRecord, EpisodeRecord]] = [*mine, *emine]
         else:

@@ -10,6 +10,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import pytest
 
+from pytest_cachecheck import __version__
 from pytest_cachecheck.baseline import (
     Baseline,
     BaselineError,
@@ -22,6 +23,7 @@ from pytest_cachecheck.baseline import (
 from pytest_cachecheck.model import (
     STATUSES,
     Comparison,
+    EpisodeRecord,
     Outcome,
     ProbeRecord,
     ProbeSet,
@@ -223,17 +225,17 @@ def test_comparison_reports_mcnemar_on_discordant_pairs() -> None:
 def test_env_of_reads_settings_setup_and_probe_set() -> None:
     expected = {"server_kind": "vllm", "server_build": "0.34.0", "model": "emu/tiny-chat",
                 "mode": "one-server", "max_tokens": 256, "hit_tolerance": 32, "skip_hit_check": False,
-                "probe_set": "sha256:" + "ab" * 32}
+                "probe_set": "sha256:" + "ab" * 32, "plugin_version": __version__}
     assert env() == expected
     # the same from a report as written and read back (what a baseline file gives)
     loaded = RunReport.from_json(json.loads(json.dumps(f.report([rec("a", "same")]).to_json())))
     assert env_of(loaded.settings, loaded.targets[0].setup, loaded.probe_set) == expected
     assert baseline_for(loaded, None).env == expected
-    assert env_of({}, None, None) == dict.fromkeys(expected)
+    assert env_of({}, None, None, None) == dict.fromkeys(expected)
     # without a resolved setup: the configured mode and model
     assert env_of(f.settings(mode="two-servers", model="m/x").public(), Setup(None, None), None) == \
         {**dict.fromkeys(expected), "mode": "two-servers", "model": "m/x", "max_tokens": 256,
-         "hit_tolerance": 32, "skip_hit_check": False}
+         "hit_tolerance": 32, "skip_hit_check": False, "plugin_version": __version__}
 
 
 def test_no_env_warnings_when_nothing_changed() -> None:
@@ -575,3 +577,214 @@ def test_matrix_lines_pair_each_target_with_the_first() -> None:
     lines = matrix_lines(deselected.targets)
     assert lines[1].endswith("not run (no probe of this target was selected)")
     assert lines[2].endswith("n/a (f16 ran no probe)")
+
+
+# --------------------------------------------------------------------------- baselines that are refused
+
+def _episode(pid: str, outcome: str = "same", target: Optional[str] = None) -> Dict[str, Any]:
+    """An episode record as a report holds it (the fields a comparison reads)."""
+    return {"id": pid, "source": "test:1", "fingerprint": f"sha256:{pid}", "outcome": outcome,
+            **({"target": target} if target else {})}
+
+
+EPISODE_SET = ProbeSet("mine.jsonl", 2, "sha256:" + "ef" * 32)
+
+
+def _with_episodes(data: Dict[str, Any], *episodes: Dict[str, Any]) -> Dict[str, Any]:
+    return {**data, "episode_set": EPISODE_SET.to_json(), "episodes": list(episodes)}
+
+
+def _write(folder: Path, data: Dict[str, Any], name: str = "base.json") -> str:
+    path = folder / name
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return str(path)
+
+
+def _one_server() -> Dict[str, Any]:
+    return f.report([rec("p1", "same"), rec("p2", "different")]).to_json()
+
+
+def _matrix() -> Dict[str, Any]:
+    return matrix_report().to_json()
+
+
+def _twice(data: Dict[str, Any], index: int) -> Dict[str, Any]:
+    """``data`` with its probe ``index`` written twice."""
+    return {**data, "probes": data["probes"] + [data["probes"][index]]}
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: _twice(_one_server(), 0),
+     ": two probes have the id 'p1'; a comparison pairs probes by id, so each must be unique: "
+     "record it again"),
+    (lambda: _with_episodes(_one_server(), _episode("walk"), _episode("tea"), _episode("walk", "different")),
+     ": two episodes have the id 'walk'; "),
+    (lambda: _twice(_matrix(), 3), ": target 'q4': two probes have the id 'p2'; "),
+    (lambda: _with_episodes(_matrix(), _episode("walk", target="f16"), _episode("walk", target="q4"),
+                            _episode("walk", target="q4")),
+     ": target 'q4': two episodes have the id 'walk'; "),
+], ids=["probes", "episodes", "matrix-probes", "matrix-episodes"])
+def test_a_repeated_id_is_refused(tmp_path: Path, make: Callable[[], Dict[str, Any]], message: str) -> None:
+    """Records are paired by id: a baseline in which two records of one target share an id is refused,
+    naming the file, the target and the id (it kept the first of them without a word)."""
+    path = _write(tmp_path, make())
+    with pytest.raises(BaselineError, match=re.escape(path + message)):
+        load_baseline(path)
+
+
+def test_one_id_in_several_targets_and_kinds_is_no_repeat(tmp_path: Path) -> None:
+    data = _with_episodes(_matrix(), _episode("p1", target="f16"), _episode("p1", target="q4"))
+    q4 = baseline_for(load_baseline(_write(tmp_path, data)), "q4")
+    assert [p.id for p in q4.records] == ["p1", "p2"] and [e.id for e in q4.episodes or []] == ["p1"]
+
+
+def test_the_report_of_an_interrupted_run_is_refused(tmp_path: Path) -> None:
+    data = _one_server()
+    data["summary"].update(status="interrupted", why="the run was interrupted by SIGTERM")
+    path = _write(tmp_path, data)
+    with pytest.raises(BaselineError) as info:
+        load_baseline(path)
+    assert str(info.value) == (f"{path}: the baseline comes from an interrupted run (the run was interrupted "
+                               f"by SIGTERM) and may lack what did not run: record it again with a run that "
+                               f"completes")
+    # a matrix whose session verdict names another failure first: the interrupted target is enough
+    data = _matrix()
+    data["summary"].update(status="errors", why="f16: 1 probe failed")
+    data["targets"][1]["summary"].update(status="interrupted", why="the run was interrupted")
+    with pytest.raises(BaselineError, match="the baseline comes from an interrupted run"):
+        load_baseline(_write(tmp_path, data))
+
+
+@pytest.mark.parametrize("record, status, refused", [
+    (True, "errors", True), (True, "too-few-valid", True), (True, "unreliable", True),
+    (True, "no-probes", True), (True, "passed", False), (False, "errors", False), (False, "diverged", False),
+])
+def test_a_failed_recording_is_refused(tmp_path: Path, record: bool, status: str, refused: bool) -> None:
+    """A report written by --cachecheck-record whose verdict did not pass is no baseline; an ordinary
+    report is one whatever its verdict (its divergences are what a baseline records)."""
+    data = _one_server()
+    data["settings"]["record"] = record
+    data["summary"].update(status=status, why="1 probe failed with a request or server error")
+    path = _write(tmp_path, data)
+    if not refused:
+        assert [p.id for p in load_baseline(path).probes] == ["p1", "p2"]
+        return
+    with pytest.raises(BaselineError) as info:
+        load_baseline(path)
+    assert str(info.value) == (f"{path}: the baseline was recorded (--cachecheck-record) by a run whose "
+                               f"verdict was {status!r} (1 probe failed with a request or server error), so "
+                               f"its measurement cannot be trusted: fix the cause and record it again")
+
+
+def _version_warning(before: str) -> str:
+    return (f"warning: pytest-cachecheck version changed: {before} -> {__version__}; comparisons may not be "
+            f"like for like")
+
+
+def test_a_baseline_of_another_plugin_version_is_compared_with_a_warning(tmp_path: Path) -> None:
+    data = _with_episodes(_one_server(), _episode("walk"))
+    data["tool"]["version"] = "0.0.9"
+    base = baseline_for(load_baseline(_write(tmp_path, data)), None)
+    probes = compare(base, [rec("p1", "same"), rec("p2", "different")], env())
+    assert probes.env_warnings == [_version_warning("0.0.9")] and probes.verdict == "unchanged"
+    assert base.episodes is not None
+    episodes = compare(Baseline(base.episodes, base.episode_env), [EpisodeRecord.from_json(_episode("walk"))],
+                       env(probe_set=EPISODE_SET), unit="episode")
+    assert episodes.env_warnings == [_version_warning("0.0.9")]
+    assert _version_warning("0.0.9") in comparison_lines(episodes)
+    # a report that does not say which version wrote it
+    del data["tool"]
+    base = baseline_for(load_baseline(_write(tmp_path, data)), None)
+    assert compare(base, [rec("p1", "same")], env()).env_warnings == [_version_warning("?")]
+
+
+def test_episodes_are_compared_in_the_episode_set_environment(tmp_path: Path) -> None:
+    """The episodes' baseline environment holds the episode set's fingerprint, not the probe set's, and a
+    change of it is worded for episodes."""
+    loaded = load_baseline(_write(tmp_path, _with_episodes(_one_server(), _episode("walk"), _episode("tea"))))
+    base = baseline_for(loaded, None)
+    assert base.env == env() and base.episode_env == env(probe_set=EPISODE_SET)
+    assert base.episodes is not None
+    episodes = Baseline(base.episodes, base.episode_env)
+    now = [EpisodeRecord.from_json(_episode("walk", "different")), EpisodeRecord.from_json(_episode("tea"))]
+    same_set = compare(episodes, now, env(probe_set=EPISODE_SET), unit="episode")
+    assert same_set.env_warnings == [] and same_set.newly_diverged() == ["walk"]
+    assert same_set.why == "1 newly diverged vs 0 healed over 2 episodes valid in both runs"
+    other = ProbeSet("mine.jsonl", 3, "sha256:" + "0f" * 32)
+    changed = compare(episodes, now, env(probe_set=other), unit="episode")
+    assert changed.env_warnings == ["warning: episode set fingerprint changed: sha256:efefefefefef -> "
+                                    "sha256:0f0f0f0f0f0f; only episodes whose conversation is unchanged are "
+                                    "compared"]
+    none = compare(episodes, [], env(probe_set=EPISODE_SET), unit="episode")
+    assert none.why == "no episode was measured in both runs with the same conversation"
+    # a baseline without episodes has no episode environment
+    assert baseline_for(load_baseline(_write(tmp_path, _one_server())), None).episode_env == {}
+
+
+# --------------------------------------------------------------------------- through pytest
+
+def test_refused_baselines_are_usage_errors_before_any_request(pytester: pytest.Pytester,
+                                                               emulator: Callable[..., Emulator]) -> None:
+    """A failed recording, an interrupted run and a repeated id, each as --cachecheck-baseline: the run
+    stops with a usage error that names the file and why, and sends no request."""
+    common = ["--cachecheck-n=1", "-p", "no:cacheprovider"]
+    failing = emulator(fault={2: "500"})  # the probe's first request (after the setup check) fails
+    recorded = pytester.runpytest_subprocess(f"--cachecheck-url={failing.url}", *common,
+                                             "--cachecheck-record=failed.json")
+    assert recorded.ret == 1
+    recorded.stdout.fnmatch_lines(["cachecheck verdict: FAIL (errors)*"])
+    pytester.makepyfile(test_stop="def test_stop():\n    raise KeyboardInterrupt\n")
+    cut = pytester.runpytest_subprocess(f"--cachecheck-url={emulator().url}", *common,
+                                        "--cachecheck-report=cut.json")
+    assert cut.ret == pytest.ExitCode.INTERRUPTED
+    assert json.loads((pytester.path / "cut.json").read_text())["summary"]["status"] == "interrupted"
+    _write(pytester.path, _twice(_one_server(), 0), "twice.json")
+    quiet = emulator()
+    whys = {"failed.json": "the baseline was recorded (--cachecheck-record) by a run whose verdict was "
+                           "'errors' (1 probe failed with a request or server error), *: fix the cause and "
+                           "record it again",
+            "cut.json": "the baseline comes from an interrupted run (the run was interrupted; *) and may "
+                        "lack what did not run: record it again with a run that completes",
+            "twice.json": "two probes have the id 'p1'; *: record it again"}
+    for name, why in whys.items():
+        result = pytester.runpytest_subprocess(f"--cachecheck-url={quiet.url}", *common,
+                                               f"--cachecheck-baseline={name}")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, name
+        result.stderr.fnmatch_lines([f"*--cachecheck-baseline: {pytester.path / name}: {why}"])
+    assert quiet.requests_log == []
+
+
+def test_episode_baseline_compares_episode_sets_and_names_the_plugin_versions(
+        pytester: pytest.Pytester, emulator: Callable[..., Emulator]) -> None:
+    """The episodes' comparison warns of a changed episode set (not of the probe set, which did not
+    change), and both comparisons name the version that wrote the baseline and this one."""
+    walk = {"id": "walk", "messages": [{"role": "user", "content": "Plan a walk by the sea."}],
+            "user_turns": ["Shorter, please."]}
+    tea = {"id": "tea", "messages": [{"role": "user", "content": "How long should green tea steep?"}],
+           "user_turns": ["And black tea?"]}
+    (pytester.path / "one.jsonl").write_text(json.dumps(walk) + "\n")
+    (pytester.path / "two.jsonl").write_text(json.dumps(walk) + "\n" + json.dumps(tea) + "\n")
+    emu = emulator()
+    common = [f"--cachecheck-url={emu.url}", "--cachecheck-n=1", "-p", "no:cacheprovider"]
+    first = pytester.runpytest_subprocess(*common, "--cachecheck-episodes=one.jsonl",
+                                          "--cachecheck-report=before.json")
+    assert first.ret == 0
+    before = json.loads((pytester.path / "before.json").read_text())
+    before["tool"]["version"] = "0.0.1"
+    _write(pytester.path, before, "before.json")
+    after = pytester.runpytest_subprocess(*common, "--cachecheck-episodes=two.jsonl",
+                                          "--cachecheck-baseline=before.json",
+                                          "--cachecheck-report=after.json")
+    assert after.ret == 0
+    data = json.loads((pytester.path / "after.json").read_text())
+    fingerprints = before["episode_set"]["fingerprint"][:19], data["episode_set"]["fingerprint"][:19]
+    episode_set = ("warning: episode set fingerprint changed: %s -> %s; only episodes whose conversation is "
+                   "unchanged are compared" % fingerprints)
+    assert data["baseline"]["env_warnings"] == [_version_warning("0.0.1")]
+    assert data["episode_baseline"]["env_warnings"] == [episode_set, _version_warning("0.0.1")]
+    rows = {r["id"]: r["status"] for r in data["episode_baseline"]["rows"]}
+    assert rows == {"walk": "still same", "tea": "new probe"}
+    after.stdout.fnmatch_lines(["*cachecheck baseline comparison (*", _version_warning("0.0.1"),
+                                "*cachecheck baseline comparison of the episodes*", episode_set,
+                                _version_warning("0.0.1")])
+    assert "probe set fingerprint" not in after.stdout.str()

@@ -293,6 +293,9 @@ def test_a_changed_trajectory_fails_and_a_baseline_gates_it(pytester, emulator):
     assert garden["parting"]["divergence"]["cache_margin"] is not None  # logprobs at the parting step
     assert data["episode_summary"]["parting_steps"] == {"2": 1} and data["episode_baseline"]["newly_diverged"] == [
         "garden-plan"]
+    # same episode set, server and settings: nothing to warn of (the probe set's fingerprint is not the
+    # episode set's)
+    assert data["episode_baseline"]["env_warnings"] == []
 
 
 def test_episodes_under_xdist_stay_with_their_server(pytester, emulator):
