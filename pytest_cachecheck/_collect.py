@@ -18,13 +18,14 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple
+from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
 import pytest
 
 from . import _items
 from .episodes import Episode
 from .errors import ConfigError
+from .identity import server_groups, server_identity
 from .probes import Probe
 from .settings import Settings
 
@@ -91,17 +92,20 @@ def item_target(item: pytest.Item) -> Optional[str]:
 class Placement:
     """Which work unit each test belongs to; one per session, on the controller and on each worker.
 
-    One server: one unit for its probes and the fixture's tests. A target matrix: one unit per target,
-    the fixture's tests with the first target's. Replicas: every worker owns a server of its own, so
-    probes and tests may go anywhere.
+    One server: one unit for its probes and the fixture's tests. A target matrix: one unit per server, the
+    targets that reach one server (:mod:`.identity`) sharing it, one after the other. A target matrix with a
+    test that uses the fixture: one unit for every target's probes and the fixture's tests, since such a
+    test may send to any target (``check(target=...)``), which is only known when it runs. Replicas: every
+    worker owns a server of its own, so probes and tests may go anywhere.
     """
 
-    def __init__(self, folder: str, first_target: Optional[str], replicas: bool) -> None:
+    def __init__(self, folder: str, targets: Sequence[Tuple[str, str]], replicas: bool) -> None:
         self.folder = folder
-        self.first_target = first_target  # the matrix target a test's checks default to; None: no matrix
+        self.targets = tuple(targets)  # (name, URL) of a target matrix; empty without one
         self.replicas = replicas
         self._fixture_users: Optional[Set[str]] = None
-        self._claims: Dict[str, IO[str]] = {}  # server -> the lock file this process holds for it
+        self._target_units: Optional[Dict[str, str]] = None
+        self._claims: Dict[str, IO[str]] = {}  # a key of a server's identity -> the lock file held for it
 
     # on a worker: which collected tests use the cachecheck fixture
     def write_fixture_users(self, worker: str, items: List[pytest.Item]) -> None:
@@ -123,44 +127,57 @@ class Placement:
             self._fixture_users = found
         return self._fixture_users
 
+    def target_unit(self, target: str) -> str:
+        """The work unit of a matrix target's probes: the first target that reaches its server names it."""
+        if self._target_units is None:
+            names = [name for name, _ in self.targets]
+            groups = server_groups([url for _, url in self.targets])
+            self._target_units = {names[i]: "cachecheck-server:" + names[g[0]] for g in groups for i in g}
+        return self._target_units.get(target, "cachecheck-server:" + target)
+
     def server_unit(self, nodeid: str) -> Optional[str]:
         """The work unit of a test that sends to a server, or None for any other test."""
         prefix = next((p for p in ITEM_PREFIXES if nodeid.startswith(p)), None)
         if prefix is not None:
             if self.replicas:
                 return "cachecheck-probe:" + nodeid  # each worker measures on a server of its own
-            if self.first_target is not None:
-                inner = nodeid[len(prefix):-1]
-                return "cachecheck-server:" + inner.rsplit("@", 1)[-1]
+            if self.targets and not self.fixture_users():
+                return self.target_unit(nodeid[len(prefix):-1].rsplit("@", 1)[-1])
             return "cachecheck-server"
         if not self.replicas and nodeid in self.fixture_users():
-            return "cachecheck-server" + ("" if self.first_target is None else ":" + self.first_target)
+            return "cachecheck-server"
         return None
 
     # on a worker, before its first request to a server
     def claim(self, server: str, worker: str) -> Optional[str]:
-        """Make this worker the only one that sends to ``server`` for the rest of the session. Returns
-        None when it is (or now is) the owner, else the id of the worker that already owns it."""
-        if server in self._claims:
-            return None
+        """Make this worker the only one that sends to ``server`` (a URL), and to any URL that reaches the
+        same server, for the rest of the session. Returns None when it is (or now is) the owner, else the id
+        of the worker that already owns it."""
         try:
             import fcntl
         except ImportError:  # pragma: no cover - not POSIX: the check at session end still holds
             return None
-        name = hashlib.sha256(server.encode("utf-8")).hexdigest()[:16]
-        handle = open(Path(self.folder) / f"server-{name}.lock", "a+", encoding="utf-8")
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        taken: List[str] = []
+        for key in server_identity(server).keys():
+            if key in self._claims:
+                continue
+            name = hashlib.sha256(key.encode("utf-8")).hexdigest()[:16]
+            handle = open(Path(self.folder) / f"server-{name}.lock", "a+", encoding="utf-8")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.seek(0)
+                owner = handle.read().strip() or "another worker"
+                handle.close()
+                for mine in taken:  # leave no half claim behind
+                    self._claims.pop(mine).close()
+                return owner
             handle.seek(0)
-            owner = handle.read().strip() or "another worker"
-            handle.close()
-            return owner
-        handle.seek(0)
-        handle.truncate()
-        handle.write(worker)
-        handle.flush()
-        self._claims[server] = handle  # held until the process ends
+            handle.truncate()
+            handle.write(worker)
+            handle.flush()
+            self._claims[key] = handle  # held until the process ends
+            taken.append(key)
         return None
 
     def close(self) -> None:
@@ -170,8 +187,8 @@ class Placement:
         shutil.rmtree(self.folder, ignore_errors=True)
 
 
-def new_placement(first_target: Optional[str], replicas: bool) -> Placement:
-    return Placement(tempfile.mkdtemp(prefix="cachecheck-xdist-"), first_target, replicas)
+def new_placement(targets: Sequence[Tuple[str, str]], replicas: bool) -> Placement:
+    return Placement(tempfile.mkdtemp(prefix="cachecheck-xdist-"), targets, replicas)
 
 
 def default_unit(nodeid: str, dist: str) -> str:

@@ -96,11 +96,10 @@ def pytest_configure(config: pytest.Config) -> None:
     placement = None
     if controller or _is_worker(config):
         settings = session.settings
-        first = settings.targets[0][0] if settings.targets else None
         replicas = len(settings.replicas) > 1
         folder = workerinput.get("cachecheck_placement")
-        placement = (_collect.Placement(folder, first, replicas) if folder
-                     else _collect.new_placement(first, replicas) if controller else None)
+        placement = (_collect.Placement(folder, settings.targets, replicas) if folder
+                     else _collect.new_placement(settings.targets, replicas) if controller else None)
     # SIGTERM ends the run as Ctrl-C does; the process that writes the report also guards it from a second
     interrupts = Interrupts(hold_after_first=not _is_worker(config))
     interrupts.install(sigint=not _is_worker(config))

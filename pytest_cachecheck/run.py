@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .baseline import Baseline, compare, env_of, should_fail
+from .identity import server_groups
 from .model import (Comparison, EpisodeRecord, EpisodeSummary, Outcome, ProbeRecord, ProbeSet, RunReport, Setup,
                     Status, Summary, Tally, TargetReport, Verdict, record_key)
 from .redact import display_url
@@ -137,19 +138,26 @@ def combine_verdicts(named: Sequence[Tuple[str, Verdict]]) -> Verdict:
     return Verdict(failing[0][1].status, False, "; ".join(f"{name}: {v.why}" for name, v in failing))
 
 
-def placement_problem(records: Sequence[Union[ProbeRecord, EpisodeRecord]]) -> Optional[str]:
-    """Why the run cannot be trusted when two processes (xdist workers) sent probes or checks to one
-    server in one session, else None."""
-    workers: Dict[str, set] = {}
-    for r in records:
-        if r.outcome == Outcome.ERROR and not r.requests:
-            continue  # sent nothing
-        workers.setdefault(str(r.server_url), set()).add(r.worker or "the main process")
-    shared = {url: sorted(w) for url, w in workers.items() if len(w) > 1}
+def placement_problem(records: Sequence[Union[ProbeRecord, EpisodeRecord]], target: Optional[str] = None
+                      ) -> Optional[str]:
+    """Why ``target``'s outcomes cannot be trusted when two processes (xdist workers) sent probes or checks
+    to a server it was measured on, in one session, else None. ``records``: the session's, of every target
+    (two targets may reach one server); URLs that reach one server (:mod:`.identity`) count as one."""
+    sent = [r for r in records if not (r.outcome == Outcome.ERROR and not r.requests)]  # else sent nothing
+    if len({r.worker for r in sent}) < 2:
+        return None
+    urls = list(dict.fromkeys(str(r.server_url) for r in sent))
+    server = {urls[i]: tuple(urls[j] for j in group) for group in server_groups(urls) for i in group}
+    workers: Dict[Tuple[str, ...], set] = {}
+    for r in sent:
+        workers.setdefault(server[str(r.server_url)], set()).add(r.worker or "the main process")
+    mine = {server[str(r.server_url)] for r in sent if r.target == target}
+    shared = {group: sorted(w) for group, w in workers.items() if len(w) > 1 and group in mine}
     if not shared:
         return None
-    url, names = next(iter(shared.items()))
-    return (f"probes against {url} were measured by {len(names)} processes ({', '.join(names)}): requests "
+    group, names = next(iter(shared.items()))
+    where = " and ".join(group) + (" (one server)" if len(group) > 1 else "")
+    return (f"probes against {where} were measured by {len(names)} processes ({', '.join(names)}): requests "
             f"sent to one server in parallel are batched together, which changes answers by itself, so "
             f"no outcome of this run can be trusted; run without -n, or report this placement as a bug")
 
@@ -303,6 +311,9 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
     selected to run (a gate selected without a probe or episode to judge never passes)."""
     chosen = set(selected) if selected is not None else None
     chosen_episodes = set(episodes.selected) if episodes is not None and episodes.selected is not None else None
+    every: List[Union[ProbeRecord, EpisodeRecord]] = [*records.values(), *checks, *episode_checks]
+    if episodes is not None:
+        every += episodes.records.values()  # every target's: two targets may reach one server
     results = []
     for target in targets:
         keys = [(pid, record_key(pid, target.name)) for pid in probe_ids]
@@ -319,8 +330,6 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
         if baseline is not None and (mine or target.name is None):  # a deselected matrix target compares nothing
             comparison = compare(baseline, mine, env_of(settings.public(), setup, probe_set))
             gates.append(should_fail(comparison, settings.fail_on, unexpected=[r.id for r in mine if _unexpected(r)]))
-        own_checks: List[Union[ProbeRecord, EpisodeRecord]] = [c for c in checks if c.target == target.name]
-        own_checks += [c for c in episode_checks if c.target == target.name]
         episode_result = None
         if episodes is not None:
             ekeys = [(eid, record_key(eid, target.name)) for eid in episodes.ids]
@@ -339,9 +348,6 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
                 gates.append(should_fail(ecomparison, settings.fail_on, unit="episode",
                                          unexpected=[r.id for r in emine if _unexpected(r)]))
             episode_result = EpisodeResult(emine, epicked, etally, ecomparison)
-            mine_all: List[Union[ProbeRecord, EpisodeRecord]] = [*mine, *emine]
-        else:
-            mine_all = list(mine)
         if settings.record:
             gates.append(record_gate(tally, episode_result.tally if episode_result is not None else None))
         unexpected = (sum(1 for r in mine if _unexpected(r)),
@@ -351,7 +357,7 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
             not_measured += [k for _, k in ekeys if k not in episodes.records
                              and (chosen_episodes is None or k in chosen_episodes)]
         verdict = judge(tally, settings.min_valid, interrupted, gates or None,
-                        placement_problem(mine_all + own_checks),
+                        placement_problem(every, target.name),
                         episode_result.tally if episode_result is not None else None, unexpected, not_measured)
         results.append(TargetResult(target, mine, picked, setup, tally, verdict, comparison, episode_result))
     if settings.targets:

@@ -20,6 +20,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .errors import ConfigError
 from .files import REPLACE, output_target
+from .identity import server_groups
 from .redact import MIN_SECRET, ambiguous_url, display_url, split_credentials
 
 MODES = ("auto", "llama.cpp", "one-server", "two-servers")
@@ -420,8 +421,13 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         return None
     url = urls[0]
     replicas = tuple(_url("url", str(u)) for u in urls)
-    if len(set(replicas)) != len(replicas):
-        raise _bad("url", url, "different URLs when the option is given several times")
+    shared = [g for g in server_groups(replicas) if len(g) > 1] if len(replicas) > 1 else []
+    if shared:
+        a, b = (display_url(str(urls[i]).strip()) for i in shared[0][:2])  # as written
+        raise ConfigError(f"--cachecheck-url (ini cachecheck_url): {a!r} and {b!r} reach one server (the "
+                          f"same address, port and path); replicas must be servers of their own: each "
+                          f"xdist worker sends to its one, and requests sent to one server in parallel are "
+                          f"batched together, which changes answers")
     url = replicas[0]
     mode = str(raw.get("mode") or "auto").strip()
     if mode not in MODES:
