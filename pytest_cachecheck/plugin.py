@@ -295,14 +295,11 @@ def cachecheck(request: pytest.FixtureRequest) -> CacheCheck:
 # -- pytest-json-report ---------------------------------------------------------------------------------
 @pytest.hookimpl(optionalhook=True)
 def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> Optional[Dict[str, Any]]:
+    """The item's record (as in the plugin's JSON report, scrubbed where it was made) as ``metadata.cachecheck``
+    of pytest-json-report's test entry, with ``kind``: ``probe`` or ``episode``."""
     if call.when != "call" and call.when != "setup":
         return None
     for name, value in getattr(item, "user_properties", []):
         if name in (RECORD, EPISODE_RECORD):
-            meta = {"id": value["id"], "outcome": value["outcome"], "reason": value["reason"]}
-            if name == EPISODE_RECORD:
-                meta["kind"] = "episode"
-            if value.get("target") is not None:
-                meta["target"] = value["target"]
-            return {"cachecheck": meta}
+            return {"cachecheck": {"kind": "episode" if name == EPISODE_RECORD else "probe", **value}}
     return None
