@@ -100,9 +100,11 @@ def pytest_configure(config: pytest.Config) -> None:
         folder = workerinput.get("cachecheck_placement")
         placement = (_collect.Placement(folder, settings.targets, replicas) if folder
                      else _collect.new_placement(settings.targets, replicas) if controller else None)
-    # SIGTERM ends the run as Ctrl-C does; the process that writes the report also guards it from a second
+    # SIGTERM ends the run as Ctrl-C does; the process that writes the report also guards it from a second,
+    # until pytest is done (a cleanup runs after every pytest_unconfigure, pytest's own included)
     interrupts = Interrupts(hold_after_first=not _is_worker(config))
     interrupts.install(sigint=not _is_worker(config))
+    config.add_cleanup(interrupts.restore)
     config.stash[STATE] = State(session, controller, placement, interrupts)
     if not _is_worker(config):
         config.pluginmanager.register(Reporter(config, session, interrupts, controller), "cachecheck-reporter")
@@ -155,7 +157,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     state = config.stash.get(STATE, None)
     if state is None:
         return
-    state.interrupts.restore()
     if state.session.served is not None:
         state.session.served.server.stop()
         state.session.served = None

@@ -1,13 +1,15 @@
 """Signals end a run the way Ctrl-C does, and nothing a second signal does can lose what was measured.
 
 SIGTERM (CI cancellation, ``timeout``, ``docker stop``) writes the JSON report, the HTML page and the
-summary, exit status 2; a second Ctrl-C while pytest handles the first cannot turn the verdict into a
-pass; Ctrl-C while the server is being detected still writes the report; under pytest-xdist every record
-that reached the controller counts, and the probe that was being measured is named.
+summary, exit status 2; a second Ctrl-C, wherever it lands until the process ends, cannot turn the verdict
+into a pass nor the exit status into a traceback; Ctrl-C while the server is being detected still writes the
+report; under pytest-xdist every record that reached the controller counts, and the probe that was being
+measured is named.
 
 Each test runs pytest in a process of its own (a new session, so a signal can go to the whole process
 group as a terminal's Ctrl-C or ``timeout`` sends it) against the emulator, with a request held back by
-the emulator's ``slow`` fault so that the signal lands mid-probe.
+the emulator's ``slow`` fault so that the signal lands mid-probe; a second signal is sent by the run
+itself, from a conftest hook, at an exact point.
 """
 
 from __future__ import annotations
@@ -52,8 +54,9 @@ class Run:
             [sys.executable, "-m", "pytest", f"--cachecheck-url={emu.url}",
              f"--cachecheck-report={self.report}", f"--cachecheck-html={self.html}",
              "--cachecheck-timeout=60", "-v", *args, *FAST],
-            cwd=str(folder), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=str(folder), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True)
+        self.err = ""
 
     def wait_for_requests(self, n: int, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
@@ -68,8 +71,9 @@ class Run:
             self.proc.send_signal(signum)
 
     def finish(self, timeout: float = 60) -> str:
+        """Wait for the run; its standard output (its standard error is kept in ``err``)."""
         try:
-            out, _ = self.proc.communicate(timeout=timeout)
+            out, self.err = self.proc.communicate(timeout=timeout)
         finally:
             if self.proc.poll() is None:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -88,7 +92,8 @@ def measured(data: Dict[str, Any]) -> List[str]:
 def check_interrupted(run: Run, out: str, data: Dict[str, Any], how: str) -> None:
     """What every interrupted run must show: exit status 2 everywhere, FAIL (interrupted), the HTML page,
     and not_run exactly the probes without a record."""
-    assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, out + run.err
+    assert "Traceback" not in out + run.err, out + run.err
     summary = data["summary"]
     assert summary["status"] == "interrupted" and summary["exit_status"] == 2, summary
     assert how in summary["why"], summary["why"]
@@ -151,7 +156,7 @@ def test_a_users_own_sigterm_handler_is_left_alone(pytester):
     result.assert_outcomes(passed=1, deselected=20)
 
 
-def test_unconfigure_restores_the_previous_handlers():
+def test_restore_puts_back_the_previous_handlers():
     from pytest_cachecheck.interrupts import Interrupts
 
     before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
@@ -166,7 +171,7 @@ def test_unconfigure_restores_the_previous_handlers():
 
 
 def test_a_second_signal_waits_for_the_report_and_a_third_abandons_it():
-    from pytest_cachecheck.interrupts import Interrupts
+    from pytest_cachecheck.interrupts import ABANDON_AFTER, Interrupts
 
     interrupts = Interrupts(hold_after_first=True)
     with pytest.raises(KeyboardInterrupt):
@@ -177,12 +182,19 @@ def test_a_second_signal_waits_for_the_report_and_a_third_abandons_it():
         with pytest.raises(KeyboardInterrupt):
             interrupts.handle(signal.SIGTERM, None)  # the third
     assert interrupts.received == ["SIGINT", "SIGINT", "SIGTERM"]
-    # without a first signal, one arriving while the report is written waits for it
+    # the report is written: pytest is tidying up, and any number of signals is absorbed
+    for _ in range(ABANDON_AFTER + 1):
+        interrupts.handle(signal.SIGINT, None)
+    # a hold again (the summary): the abandon rule again
+    with interrupts.hold():
+        with pytest.raises(KeyboardInterrupt):
+            interrupts.handle(signal.SIGINT, None)
+    # without a first signal, one arriving while the report is written waits for it, and later ones too
     calm = Interrupts(hold_after_first=True)
     with calm.hold():
         calm.handle(signal.SIGINT, None)
-    with pytest.raises(KeyboardInterrupt):
-        calm.handle(signal.SIGINT, None)
+    calm.handle(signal.SIGINT, None)
+    assert calm.received == ["SIGINT", "SIGINT"]
     # on a worker nothing is held
     worker = Interrupts(hold_after_first=False)
     for _ in range(2):
@@ -191,13 +203,87 @@ def test_a_second_signal_waits_for_the_report_and_a_third_abandons_it():
 
 
 # -- a second Ctrl-C -------------------------------------------------------------------------------------
-@pytest.mark.parametrize("gap", [0.0, 0.05, 0.3])
-def test_a_second_ctrl_c_is_still_an_interrupted_run(pytester, emulator, gap):
+SIGNAL_AT = """
+    import atexit
+    import os
+    import signal
+
+    import pytest
+
+    POINTS = {points!r}
+
+
+    def send(point, note=""):
+        if point in POINTS:
+            with open("sent", "a") as f:
+                f.write(point + note + "\\n")
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_sessionstart(session):
+        outcome = yield
+        if outcome.excinfo is not None:
+            send("sessionstart")  # inside the plugin's wrapper: its report is not written yet
+
+
+    def pytest_keyboard_interrupt(excinfo):
+        send("keyboard_interrupt")
+
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(session):
+        send("sessionfinish")  # after the plugin's, which wrote the report
+
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_unconfigure(config):
+        send("unconfigure-first")
+
+
+    class Last:
+        @pytest.hookimpl(trylast=True)
+        def pytest_unconfigure(self, config):
+            send("unconfigure-last")  # after pytest's own
+
+
+    def at_exit():  # registered before the plugin's, so it runs after it
+        send("atexit", " (ignored)" if signal.getsignal(signal.SIGINT) == signal.SIG_IGN else "")
+
+
+    def pytest_configure(config):
+        config.pluginmanager.register(Last(), "last")
+        atexit.register(at_exit)
+"""
+POINTS = ["sessionstart", "keyboard_interrupt", "sessionfinish", "unconfigure-first", "unconfigure-last",
+          "atexit"]  # in the order pytest reaches them
+
+
+def check_second_signals(run: Run, points: List[str], before_the_report: str) -> None:
+    """Each point sent its SIGINT; the one before the report was written waited for it, later ones were
+    absorbed (at exit, the signal is ignored)."""
+    sent = (run.report.parent / "sent").read_text().splitlines()
+    assert sent == [p + (" (ignored)" if p == "atexit" else "") for p in POINTS if p in points]
+    err = run.err
+    held = before_the_report in points
+    assert err.count("writing the report of the interrupted run first") == held, err
+    absorbed = len(points) - held - ("atexit" in points)
+    assert err.count("pytest is ending the run: signal ignored") == absorbed, err
+
+
+@pytest.mark.parametrize("points", [["keyboard_interrupt"], ["sessionfinish"], ["unconfigure-first"],
+                                    ["unconfigure-last"], ["atexit"],
+                                    [p for p in POINTS if p != "sessionstart"]],
+                         ids=["before-the-report", "after-the-report", "unconfigure-first",
+                              "unconfigure-last", "atexit", "at-every-point"])
+def test_a_second_ctrl_c_is_still_an_interrupted_run(pytester, emulator, points):
+    """A second SIGINT sent by the run itself at an exact point after the first: exit status 2, no
+    traceback, the report written, whenever it comes (before the report it waits for it; once the report
+    is written pytest is only tidying up, and it is absorbed)."""
+    pytester.makeconftest(textwrap.dedent(SIGNAL_AT.format(points=points)))
     emu = emulator(fault={SETUP + 15: "slow:30"})
     run = Run(pytester.path, emu, "--cachecheck-n=5")
     run.wait_for_requests(SETUP + 15)
-    run.signal(signal.SIGINT)
-    time.sleep(gap)
     run.signal(signal.SIGINT)
     out = run.finish()
     data = run.data()
@@ -205,24 +291,60 @@ def test_a_second_ctrl_c_is_still_an_interrupted_run(pytester, emulator, gap):
     assert measured(data) == IDS[:2] and data["summary"]["not_run"] == IDS[2:5]
     verdicts = [line.split()[2] for line in out.splitlines() if line.startswith("cachecheck verdict")]
     assert verdicts == ["FAIL"]
+    check_second_signals(run, points, "keyboard_interrupt")
+
+
+def test_a_run_not_interrupted_puts_the_handlers_back(pytester):
+    """In process (pytester's inline run), the handlers found are back once pytest is done."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    pytester.makepyfile(test_handler=textwrap.dedent("""
+        import signal
+
+        def test_handler():
+            assert signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+            assert signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    """))
+    result = pytester.runpytest_inprocess("--cachecheck-url=http://127.0.0.1:9", "-k", "test_handler", *FAST)
+    result.assert_outcomes(passed=1, deselected=20)
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
 
 
 # -- Ctrl-C while the server is being detected ------------------------------------------------------------
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_ctrl_c_during_server_detection_writes_the_report(pytester, emulator, signum):
-    emu = emulator(fault={1: "slow:30"})  # the setup check's one-token request hangs
-    run = Run(pytester.path, emu, "--cachecheck-n=4")
-    run.wait_for_requests(1)
-    time.sleep(0.1)
-    run.signal(signum)
-    out = run.finish()
+def check_interrupted_in_detection(run: Run, out: str, emu: Any) -> None:
     data = run.data()
-    assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, out
+    assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, out + run.err
+    assert "Traceback" not in out + run.err, out + run.err
     assert data["summary"]["status"] == "interrupted" and data["summary"]["exit_status"] == 2
     assert "while the server setup was being checked" in data["summary"]["why"]
     assert data["probes"] == [] and data["summary"]["not_run"] == IDS[:4]
     assert "cachecheck verdict: FAIL (interrupted)" in out and run.html.is_file()
     assert len(emu.requests_log) == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_during_server_detection_writes_the_report(pytester, emulator, signum):
+    emu = emulator(fault={1: "slow:30"})  # the setup check's one-token request hangs
+    run = Run(pytester.path, emu, "--cachecheck-n=4")
+    run.wait_for_requests(1)
+    run.signal(signum)
+    out = run.finish()
+    check_interrupted_in_detection(run, out, emu)
+
+
+@pytest.mark.parametrize("points", [["sessionstart"], ["keyboard_interrupt"], ["unconfigure-last"],
+                                    [p for p in POINTS if p != "sessionfinish"]],
+                         ids=["before-the-report", "after-the-report", "unconfigure-last", "at-every-point"])
+def test_a_double_ctrl_c_during_server_detection(pytester, emulator, points):
+    """The same during server detection, where the plugin's sessionstart wrapper writes the report (pytest
+    runs no sessionfinish then)."""
+    pytester.makeconftest(textwrap.dedent(SIGNAL_AT.format(points=points)))
+    emu = emulator(fault={1: "slow:30"})
+    run = Run(pytester.path, emu, "--cachecheck-n=4")
+    run.wait_for_requests(1)
+    run.signal(signal.SIGINT)
+    out = run.finish()
+    check_interrupted_in_detection(run, out, emu)
+    check_second_signals(run, points, "sessionstart")
 
 
 # -- pytest-xdist ------------------------------------------------------------------------------------------
