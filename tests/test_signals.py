@@ -23,7 +23,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
 import pytest
 
@@ -310,25 +310,47 @@ def test_a_run_not_interrupted_puts_the_handlers_back(pytester):
 
 
 # -- Ctrl-C while the server is being detected ------------------------------------------------------------
-def check_interrupted_in_detection(run: Run, out: str, emu: Any) -> None:
+#: detection (before the header, in the plugin's pytest_sessionstart) made to take 30 s, saying when it starts
+SLOW_DETECTION = """
+    import time
+
+    import pytest_cachecheck.servers as servers
+
+    real = servers.detect_server
+
+    def slow(*args, **kwargs):
+        open("detecting", "w").close()
+        time.sleep(30)
+        return real(*args, **kwargs)
+
+    servers.detect_server = slow
+"""
+
+
+def interrupt_detection(pytester: Any, emulator: Any, signum: int, conftest: str = "") -> Tuple[Run, str, Any]:
+    pytester.makeconftest(textwrap.dedent(SLOW_DETECTION) + textwrap.dedent(conftest))
+    emu = emulator()
+    run = Run(pytester.path, emu, "--cachecheck-n=4")
+    deadline = time.monotonic() + 60
+    while not (pytester.path / "detecting").exists():
+        assert time.monotonic() < deadline and run.proc.poll() is None, "detection never started"
+        time.sleep(0.02)
+    run.signal(signum)
+    out = run.finish()
     data = run.data()
     assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, out + run.err
     assert "Traceback" not in out + run.err, out + run.err
     assert data["summary"]["status"] == "interrupted" and data["summary"]["exit_status"] == 2
-    assert "while the server setup was being checked" in data["summary"]["why"]
+    assert "while the server was being detected" in data["summary"]["why"]
     assert data["probes"] == [] and data["summary"]["not_run"] == IDS[:4]
     assert "cachecheck verdict: FAIL (interrupted)" in out and run.html.is_file()
-    assert len(emu.requests_log) == 1
+    assert emu.requests_log == []
+    return run, out, emu
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_during_server_detection_writes_the_report(pytester, emulator, signum):
-    emu = emulator(fault={1: "slow:30"})  # the setup check's one-token request hangs
-    run = Run(pytester.path, emu, "--cachecheck-n=4")
-    run.wait_for_requests(1)
-    run.signal(signum)
-    out = run.finish()
-    check_interrupted_in_detection(run, out, emu)
+    interrupt_detection(pytester, emulator, signum)
 
 
 @pytest.mark.parametrize("points", [["sessionstart"], ["keyboard_interrupt"], ["unconfigure-last"],
@@ -337,14 +359,24 @@ def test_ctrl_c_during_server_detection_writes_the_report(pytester, emulator, si
 def test_a_double_ctrl_c_during_server_detection(pytester, emulator, points):
     """The same during server detection, where the plugin's sessionstart wrapper writes the report (pytest
     runs no sessionfinish then)."""
-    pytester.makeconftest(textwrap.dedent(SIGNAL_AT.format(points=points)))
-    emu = emulator(fault={1: "slow:30"})
+    run, _, _ = interrupt_detection(pytester, emulator, signal.SIGINT, SIGNAL_AT.format(points=points))
+    check_second_signals(run, points, "sessionstart")
+
+
+def test_ctrl_c_during_the_setup_check_writes_the_report(pytester, emulator):
+    """The setup checks that generate run once the selection is known (after the header): a signal there is
+    an interrupted run too, and says so."""
+    emu = emulator(fault={1: "slow:30"})  # the setup check's one-token request hangs
     run = Run(pytester.path, emu, "--cachecheck-n=4")
     run.wait_for_requests(1)
     run.signal(signal.SIGINT)
     out = run.finish()
-    check_interrupted_in_detection(run, out, emu)
-    check_second_signals(run, points, "sessionstart")
+    data = run.data()
+    assert run.proc.returncode == pytest.ExitCode.INTERRUPTED, out + run.err
+    assert "Traceback" not in out + run.err
+    assert data["summary"]["status"] == "interrupted"
+    assert "while the server setup was being checked" in data["summary"]["why"]
+    assert data["probes"] == [] and data["summary"]["not_run"] == IDS[:4]
 
 
 # -- pytest-xdist ------------------------------------------------------------------------------------------
