@@ -367,6 +367,7 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
     result = RunResult(settings, probe_set, results, verdict, list(checks), episodes, list(episode_checks))
     if gate_selected and not interrupted and not selected and not (episodes is not None and episodes.selected):
         result.fail(Status.NOT_MEASURED, "the gate item (cachecheck::gate) was selected without any probe or "
-                                         "episode to judge (-k, --deselect or --lf), so nothing was measured; "
-                                         "run the probes with it")
+                                         "episode to judge (--lf with a last-failed list naming only the gate, "
+                                         "or another plugin's selection), so nothing was measured; run the "
+                                         "probes with it")
     return result

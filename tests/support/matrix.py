@@ -26,9 +26,15 @@ ENVIRONMENTS: Tuple[Tuple[str, Tuple[str, ...]], ...] = (
     ("pytest 7.4 + xdist 3.5", ("pytest==7.4.4", "pytest-xdist==3.5.0", "requests==2.28.2")),
     ("pytest 8.4 + xdist 3.8", ("pytest==8.4.2", "pytest-xdist==3.8.0")),
     ("pytest 9.2, no xdist", ("pytest==9.2.0",)),
+    # the plugins users combine, pytest-randomly among them (it reorders every test it sees, so it stays out
+    # of the main suite's environment): only the tests of what pytest and plugins do around the items
+    ("pytest 9.2 + xdist 3.8 + plugins", ("pytest==9.2.0", "pytest-xdist==3.8.0", "pytest-timeout==2.4.0",
+                                          "pytest-rerunfailures==16.7", "pytest-randomly==5.1.0")),
 )
 COMMON = ("responses", "pytest-json-report")
-TESTS = ("tests/test_xdist.py", "tests/test_plugin.py", "tests/test_suites.py", "-m", "compat")
+TESTS = ("tests/test_xdist.py", "tests/test_plugin.py", "tests/test_suites.py", "tests/test_around.py", "-m", "compat")
+#: environments that run other tests than TESTS
+ENV_TESTS = {"pytest 9.2 + xdist 3.8 + plugins": ("tests/test_around.py", "-p", "no:randomly")}
 
 
 def _venv(pins: Sequence[str]) -> Path:
@@ -65,7 +71,8 @@ def main(argv: List[str]) -> int:
             continue
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         workers = ["-n", "2"] if any(p.startswith("pytest-xdist") for p in pins) else []
-        cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *TESTS, *argv]
+        cmd = [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, *ENV_TESTS.get(name, TESTS),
+               *argv]
         proc = subprocess.run(cmd,
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         last = (proc.stdout.strip().splitlines() or ["(no output)"])[-1]
