@@ -25,7 +25,7 @@ from .model import EpisodeRecord, ProbeRecord, record_key
 from .probes import Probe
 from .reporter import Reporter
 from .session import CheckSession, open_session
-from .settings import OPTIONS, ini_paths, lookup, native_toml_table, server_args_mistake
+from .settings import OPTIONS, ini_paths, lookup, native_toml_table, server_args_mistake, space_form_paths
 from .text import printable
 
 if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
@@ -38,12 +38,16 @@ def _session(config: pytest.Config) -> Optional[CheckSession]:
 
 
 # -- options and the session ------------------------------------------------------------------------
-def pytest_addoption(parser: pytest.Parser) -> None:
+def _argv() -> List[str]:
+    """The command line as pytest reads it: PYTEST_ADDOPTS, then the arguments."""
     try:
-        argv = shlex.split(os.environ.get("PYTEST_ADDOPTS", "")) + sys.argv[1:]
+        return shlex.split(os.environ.get("PYTEST_ADDOPTS", "")) + sys.argv[1:]
     except ValueError:
-        argv = sys.argv[1:]
-    mistake = server_args_mistake(argv)
+        return sys.argv[1:]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    mistake = server_args_mistake(_argv())
     if mistake:
         raise pytest.UsageError(mistake)
     group = parser.getgroup("cachecheck", "prompt-cache divergence (pytest-cachecheck)")
@@ -229,7 +233,10 @@ def pytest_report_header(config: pytest.Config) -> Optional[List[str]]:
     from .terminal import header
 
     state = config.stash.get(STATE, None)
-    return header(state.session, state.setup_errors) if state is not None else None
+    if state is None:
+        return None
+    notes = space_form_paths(_argv(), str(config.rootpath), str(config.inipath) if config.inipath else None)
+    return notes + header(state.session, state.setup_errors)
 
 
 # -- items ------------------------------------------------------------------------------------------

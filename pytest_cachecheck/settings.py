@@ -641,6 +641,21 @@ def server_args_mistake(argv: Sequence[str]) -> Optional[str]:
     return None
 
 
+def space_form_paths(argv: Sequence[str], rootdir: str, inifile: Optional[str]) -> List[str]:
+    """Header notes for path options given as a separate word (``--cachecheck-baseline /abs/x.json``):
+    pytest reads such a word as a test path while it chooses its rootdir and ini file, before any plugin's
+    options are known (pytest's own rule), so it may pick another rootdir and miss the suite's ini file."""
+    paths = [spec for spec in OPTIONS if spec.metavar == "PATH"]
+    notes = []
+    for flag, value in zip(argv, argv[1:]):
+        spec = next((p for p in paths if p.flag == flag), None)
+        if spec is not None and not value.startswith("-"):
+            notes.append(f"cachecheck: note: {flag} {value}: pytest read {value!r} as a test path while choosing "
+                         f"its rootdir ({rootdir}) and ini file ({inifile or 'none'}); write {flag}={value} to "
+                         f"keep it out of that choice")
+    return notes
+
+
 def native_toml_table(path: Optional[Path]) -> Any:
     """``[tool.pytest]`` of a pyproject.toml, ``[pytest]`` of a pytest.toml; None when there is none."""
     if path is None or path.suffix != ".toml":

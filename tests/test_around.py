@@ -23,7 +23,7 @@ import pytest
 
 from tests.test_secrets import echo_server  # noqa: F401 - a fixture
 
-SMALL = ["--cachecheck-n=3"]
+SMALL = ["--cachecheck-n=3", "-p", "no:randomly"]  # pytest-randomly only where a test asks for it
 PER_PROBE = 6  # chat requests a probe costs
 
 
@@ -278,9 +278,26 @@ def test_randomly_reordered_probes_still_end_with_the_gate(pytester, emulator):
     emu = emulator(diverge_on_hit={"bicycle"})
     pytester.makepyfile("def test_a(): pass\ndef test_b(): pass")
     for seed in ("1", "2", "3"):
-        result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *SMALL, "-p", "randomly",
-                                               f"-p", "no:cacheprovider", f"--randomly-seed={seed}", "-v")
+        result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-n=3", "-p", "randomly",
+                                               "-p", "no:cacheprovider", f"--randomly-seed={seed}", "-v")
         assert result.ret == 1
         lines = [x for x in result.stdout.lines if " PASSED" in x or " FAILED" in x]
         assert lines[-1].startswith("cachecheck::gate FAILED"), lines
         result.stdout.fnmatch_lines(["cachecheck verdict: FAIL (diverged)*"])
+
+
+# -- a path option in the space form --------------------------------------------------------------------------
+@pytest.mark.compat
+def test_a_path_option_in_the_space_form_is_noted_in_the_header(pytester, emulator):
+    """pytest reads ``--cachecheck-report cc.json``'s value as a test path while it chooses its rootdir (its
+    own rule, before plugins' options are known): the header says so where users look."""
+    emu = emulator()
+    spaced = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *SMALL, "-p", "no:cacheprovider",
+                                           "--cachecheck-report", "cc.json")
+    assert spaced.ret == 0 and (pytester.path / "cc.json").is_file()
+    spaced.stdout.fnmatch_lines(["cachecheck: note: --cachecheck-report cc.json: pytest read 'cc.json' as a test "
+                                 "path while choosing its rootdir (*) and ini file (*); write "
+                                 "--cachecheck-report=cc.json to keep it out of that choice"])
+    joined = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *SMALL, "-p", "no:cacheprovider",
+                                           "--cachecheck-report=cc.json")
+    assert "cachecheck: note: --cachecheck-report" not in joined.stdout.str()
