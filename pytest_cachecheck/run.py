@@ -75,13 +75,14 @@ def expectation(record: Union[ProbeRecord, EpisodeRecord], settings: Settings,
 def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
           gates: Optional[Sequence[Gate]] = None, unreliable: Optional[str] = None,
           episodes: Optional[Tally] = None, unexpected: Tuple[int, int] = (0, 0),
-          not_measured: Sequence[str] = ()) -> Verdict:
+          not_measured: Sequence[str] = (), check_errors: int = 0) -> Verdict:
     """One target's verdict over its probes (and episodes). ``unexpected``: how many valid probes and episodes
     differed without a reason to expect it (:func:`expectation`): each fails the run. ``gates`` (max rate,
     baseline policy, recording) decide the rest. ``unreliable`` says why no outcome can be trusted (it
     overrides everything). ``interrupted`` may be the text saying how. ``not_measured``: the record keys of
     the selected probes and episodes that ended without a record; a run with any never passes, nor does one
-    without a valid probe or episode."""
+    without a valid probe or episode. ``check_errors``: the tests' own ``cachecheck.check()`` and
+    ``cachecheck.episode()`` measurements that failed with a request error (an error, never a pass)."""
     total = t + episodes if episodes is not None else t
     items = "probes" if episodes is None else "probes and episodes"
     if unreliable:
@@ -89,7 +90,7 @@ def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
     if interrupted:
         return Verdict(Status.INTERRUPTED, False, interrupted if isinstance(interrupted, str) else
                        "the run was interrupted; the report holds what was measured")
-    if total.probes == 0 and not not_measured:
+    if total.probes == 0 and not not_measured and not check_errors:
         return Verdict(Status.NO_PROBES, True, "no probe ran")
     failing = [why for fail, why in gates or () if fail]
     if failing:
@@ -99,10 +100,13 @@ def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
         if unexpected[1]:
             why.append(f"{counted(unexpected[1], 'valid episode')} changed trajectory")
         return Verdict(Status.DIVERGED, False, "; ".join(why))
-    if total.errors:
+    if total.errors or check_errors:
         what = "probe" if episodes is None else "probe or episode"
-        return Verdict(Status.ERRORS, False,
-                       f"{counted(total.errors, what)} failed with a request or server error")
+        why = [f"{counted(total.errors, what)} failed with a request or server error"] if total.errors else []
+        if check_errors:
+            why.append(f"{counted(check_errors, 'check of a test', 'checks of tests')} (cachecheck.check() or "
+                       f".episode()) failed with a request or server error")
+        return Verdict(Status.ERRORS, False, "; ".join(why))
     if not_measured:
         shown = ", ".join(not_measured[:5]) + (f" and {len(not_measured) - 5} more" if not_measured[5:] else "")
         return Verdict(Status.NOT_MEASURED, False,
@@ -358,7 +362,9 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
                              and (chosen_episodes is None or k in chosen_episodes)]
         verdict = judge(tally, settings.min_valid, interrupted, gates or None,
                         placement_problem(every, target.name),
-                        episode_result.tally if episode_result is not None else None, unexpected, not_measured)
+                        episode_result.tally if episode_result is not None else None, unexpected, not_measured,
+                        sum(1 for c in [*checks, *episode_checks]
+                            if c.target == target.name and c.outcome == Outcome.ERROR))
         results.append(TargetResult(target, mine, picked, setup, tally, verdict, comparison, episode_result))
     if settings.targets:
         verdict = combine_verdicts([(str(t.name), t.verdict) for t in results])

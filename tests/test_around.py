@@ -301,3 +301,19 @@ def test_a_path_option_in_the_space_form_is_noted_in_the_header(pytester, emulat
     joined = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *SMALL, "-p", "no:cacheprovider",
                                            "--cachecheck-report=cc.json")
     assert "cachecheck: note: --cachecheck-report" not in joined.stdout.str()
+
+
+# -- the tests' own checks ------------------------------------------------------------------------------------
+@pytest.mark.compat
+def test_a_check_that_fails_with_a_request_error_fails_the_verdict(pytester, emulator):
+    emu = emulator(fault={2: "500"})  # the setup check, then the test's first request fails
+    pytester.makepyfile(test_own="""
+        def test_own(cachecheck):
+            cachecheck.check(turn1="How do I oil a bicycle chain?", turn2="And how often?")
+    """)
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *SMALL, "-p", "no:cacheprovider",
+                                           "-k", "test_own", "--cachecheck-report=cc.json")
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["cachecheck verdict: FAIL (errors): 1 check of a test (cachecheck.check() or "
+                                 ".episode()) failed with a request or server error"])
+    assert report(pytester.path / "cc.json")["summary"]["status"] == "errors"
