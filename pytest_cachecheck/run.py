@@ -285,7 +285,7 @@ class RunResult:
             if result.episodes and first.episodes and result.episodes.records and first.episodes.records:
                 target.episode_vs_reference = compare(
                     Baseline(first.episodes.records, self._env(first, episode_set), created), result.episodes.records,
-                    self._env(result, episode_set))
+                    self._env(result, episode_set), unit="episode")
         total = Tally()
         for result in self.targets:
             total = total + result.tally

@@ -110,10 +110,11 @@ def setup_line(label: str, configured_mode: str, setup: Optional[Any], error: Op
 
 
 # -- the summary --------------------------------------------------------------------------------------------
-def comparison_lines(c: Comparison, verbose: bool = False) -> List[str]:
+def comparison_lines(c: Comparison, verbose: bool = False, unit: str = "probe") -> List[str]:
     """A table (id, before, after, status), most important first and at most TABLE_ROWS rows, then the
     verdict, the rates and the environment notes and warnings. Unless ``verbose``, "still same" rows are
-    folded into one line."""
+    folded into one line. ``unit``: what was compared, ``probe`` or ``episode``."""
+    rate = "divergence rate" if unit == "probe" else "trajectory change rate"
     listed = [r for r in c.rows if verbose or r.status != STILL_SAME]
     folded = len(c.rows) - len(listed)
     shown = listed[:TABLE_ROWS]
@@ -133,14 +134,14 @@ def comparison_lines(c: Comparison, verbose: bool = False) -> List[str]:
         if len(listed) > len(shown):
             out.append(f"  ... and {len(listed) - len(shown)} more (see the JSON report)")
     if folded:
-        out.append(f"  ({counted(folded, 'probe')} still same" + ("" if verbose else "; -v lists them") + ")")
+        out.append(f"  ({counted(folded, unit)} still same" + ("" if verbose else "; -v lists them") + ")")
     if not c.rows:
-        out.append("  (no probes in either run)")
+        out.append(f"  (no {unit}s in either run)")
     out.append("counts: " + " | ".join(f"{s} {n}" for s, n in c.counts.items() if n))
     out.append(f"baseline verdict: {c.verdict} ({c.why}; exact McNemar p = {format_p(c.mcnemar_p)})")
-    base = c.baseline_rate.text() if c.baseline_rate else "n/a (no valid probes)"
-    cur = c.current_rate.text() if c.current_rate else "n/a (no valid probes)"
-    out.append(f"divergence rate: baseline {base} -> now {cur}")
+    base = c.baseline_rate.text() if c.baseline_rate else f"n/a (no valid {unit}s)"
+    cur = c.current_rate.text() if c.current_rate else f"n/a (no valid {unit}s)"
+    out.append(f"{rate}: baseline {base} -> now {cur}")
     out.extend(c.env_warnings)
     return out
 
@@ -250,7 +251,7 @@ def _episode_lines(t: TargetReport, label: str, baseline_path: Optional[str], ve
     if t.episode_baseline is not None:
         out.append(Sep("-", f"cachecheck baseline comparison of the episodes ({baseline_path})"
                        + (f", target {t.name}" if t.name is not None else "")))
-        out += [Line(line) for line in comparison_lines(t.episode_baseline, verbose)]
+        out += [Line(line) for line in comparison_lines(t.episode_baseline, verbose, unit="episode")]
     return out
 
 

@@ -788,3 +788,11 @@ def test_episode_baseline_compares_episode_sets_and_names_the_plugin_versions(
                                 "*cachecheck baseline comparison of the episodes*", episode_set,
                                 _version_warning("0.0.1")])
     assert "probe set fingerprint" not in after.stdout.str()
+
+
+def test_an_episode_comparison_speaks_of_episodes() -> None:
+    c = cmp([rec("a", "same"), rec("b", "same")], [rec("a", "same"), rec("b", "different")])
+    episode = "\n".join(comparison_lines(c, unit="episode"))
+    assert "(1 episode still same; -v lists them)" in episode
+    assert "trajectory change rate: baseline 0.0% (0/2" in episode and "divergence rate" not in episode
+    assert "divergence rate: baseline" in "\n".join(comparison_lines(c))
