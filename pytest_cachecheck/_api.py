@@ -28,20 +28,24 @@ EPISODE_CHECK_RECORD = "cachecheck_episode_check"  # of a cachecheck.episode() r
 
 
 class State:
-    """The session and, under pytest-xdist, the placement of its tests."""
+    """The session, this process's role, the placement of its tests under pytest-xdist, and its signals."""
 
-    def __init__(self, session: CheckSession, controller_of_workers: bool,
-                 placement: Optional[_collect.Placement], interrupts: Interrupts) -> None:
+    def __init__(self, session: CheckSession, role: _collect.Role, placement: Optional[_collect.Placement]) -> None:
         self.session = session
-        self.interrupts = interrupts
-        #: an xdist controller: its workers probe, so it sends no request that generates
-        self.controller_of_workers = controller_of_workers
+        self.role = role
         self.placement = placement
+        # the process that writes the report (not a worker) holds later signals until it is written
+        self.interrupts = Interrupts(hold_after_first=role is not _collect.Role.WORKER)
         #: target -> why its server setup is not usable (None: it is), once pytest_sessionstart resolved it
         self.setup_errors: Dict[Optional[str], Optional[str]] = {}
         #: record key -> the record of each probe and episode item this process measured: an item run again
         #: (pytest-rerunfailures) reports its first measurement, so a divergence cannot vanish on a rerun
         self.measured: Dict[str, Any] = {}
+
+    @property
+    def controller_of_workers(self) -> bool:
+        """An xdist controller: its workers probe, so it sends no request that generates."""
+        return self.role is _collect.Role.CONTROLLER
 
 
 STATE = pytest.StashKey[Optional[State]]()

@@ -17,6 +17,8 @@ import json
 import os
 import shutil
 import tempfile
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Set, Tuple
 
@@ -246,47 +248,72 @@ def worker_id(config: pytest.Config) -> Optional[str]:
     return str(worker) if worker else None
 
 
+class Role(Enum):
+    """What this process does in the session, computed once in ``pytest_configure``."""
+
+    ALONE = "alone"  # no xdist workers: it collects, measures and reports
+    CONTROLLER = "controller"  # an xdist controller: its workers measure; it reports and runs the gate
+    WORKER = "worker"  # an xdist worker: it measures, and its controller reports
+
+    @classmethod
+    def of(cls, config: pytest.Config) -> "Role":
+        if hasattr(config, "workerinput"):
+            return cls.WORKER
+        return cls.ALONE if getattr(config.option, "dist", "no") in (None, "no") else cls.CONTROLLER
+
+
 # -- what the controller hands its workers --------------------------------------------------------------
-def to_workers(session: CheckSession) -> Dict[str, Any]:
-    """The probes, episodes and the baseline's known divergences as the controller read them: a worker may
-    not be able to read the files again (a pipe such as <(cat f) is the controller's and drained, a FIFO
-    would block), nor see the same content."""
-    return {
-        "cachecheck_probes": [[p.id, [list(m) for m in p.messages], p.followup, p.source] for p in session.probes],
-        "cachecheck_baseline_different": [[f"{kind}@{t}", session.baseline_different(t, episodes=kind == "episode")]
-                                          for t in session.targets for kind in ("probe", "episode")],
-        "cachecheck_episodes": [[e.source, e.to_json()] for e in session.episodes],
-    }
+@dataclass(frozen=True)
+class Handoff:
+    """What a worker gets from its controller (``pytest_configure_node``), as one value under one key: the
+    probes, episodes and the baseline's known divergences as the controller read them (a worker may not be
+    able to read the files again: a pipe such as <(cat f) is the controller's and drained, a FIFO would
+    block), the server the controller started, and the placement's folder."""
+
+    probes: Tuple[Probe, ...]
+    episodes: Tuple[Episode, ...]
+    known_different: Dict[str, Dict[str, str]]  # "<probe|episode>@<target>" -> id -> fingerprint
+    served_url: Optional[str] = None
+    placement: Optional[str] = None
+
+    KEY = "cachecheck"
+
+    @classmethod
+    def of(cls, session: CheckSession, placement: Optional[Placement]) -> "Handoff":
+        return cls(tuple(session.probes), tuple(session.episodes),
+                   {f"{kind}@{t}": session.baseline_different(t, episodes=kind == "episode")
+                    for t in session.targets for kind in ("probe", "episode")},
+                   session.served.server.url if session.served is not None else None,
+                   placement.folder if placement is not None else None)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"probes": [[p.id, [list(m) for m in p.messages], p.followup, p.source] for p in self.probes],
+                "episodes": [[e.source, e.to_json()] for e in self.episodes],
+                "known_different": [[key, different] for key, different in self.known_different.items()],
+                "served_url": self.served_url, "placement": self.placement}
+
+    @classmethod
+    def from_config(cls, config: pytest.Config) -> Optional["Handoff"]:
+        """A worker's hand-off; None on the controller or without xdist."""
+        given = getattr(config, "workerinput", {}).get(cls.KEY)
+        if given is None:
+            return None
+        from .episodes import parse_episode
+
+        episodes = []
+        for source, obj in given["episodes"]:
+            path, _, line = str(source).rpartition(":")
+            episodes.append(parse_episode(obj, path=path, line=int(line) if line.isdigit() else 0,
+                                          default_id=obj["id"]))
+        return cls(tuple(Probe(pid, tuple(tuple(m) for m in messages), followup, source)
+                         for pid, messages, followup, source in given["probes"]),
+                   tuple(episodes), {key: dict(different) for key, different in given["known_different"]},
+                   given["served_url"], given["placement"])
 
 
-def from_controller(workerinput: Dict[str, Any]) -> Tuple[Optional[List[Probe]], Optional[Dict[str, Dict[str, str]]],
-                                                          Optional[List[Episode]]]:
-    """A worker's probes, known divergences and episodes from :func:`to_workers`; Nones on the controller."""
-    return (_probes_from(workerinput.get("cachecheck_probes")),
-            _different_from(workerinput.get("cachecheck_baseline_different")),
-            _episodes_from(workerinput.get("cachecheck_episodes")))
-
-
-def _probes_from(given: Optional[List[Any]]) -> Optional[List[Probe]]:
-    """The probes a worker got from its controller (pytest_configure_node); None on the controller."""
-    if given is None:
-        return None
-    return [Probe(pid, tuple(tuple(m) for m in messages), followup, source)
-            for pid, messages, followup, source in given]
-
-
-def _different_from(given: Optional[List[Any]]) -> Optional[Dict[str, Dict[str, str]]]:
-    return None if given is None else {key: dict(different) for key, different in given}
-
-
-def _episodes_from(given: Optional[List[Any]]) -> Optional[List[Episode]]:
-    """The episodes a worker got from its controller; None on the controller."""
-    if given is None:
-        return None
-    from .episodes import parse_episode
-
-    out = []
-    for source, obj in given:
-        path, _, line = str(source).rpartition(":")
-        out.append(parse_episode(obj, path=path, line=int(line) if line.isdigit() else 0, default_id=obj["id"]))
-    return out
+def placement_for(role: Role, settings: Settings, handoff: Optional[Handoff]) -> Optional[Placement]:
+    """The session's placement: a new one on an xdist controller, the controller's on a worker, none alone."""
+    replicas = len(settings.replicas) > 1
+    if role is Role.WORKER and handoff is not None and handoff.placement:
+        return Placement(handoff.placement, settings.targets, replicas)
+    return new_placement(settings.targets, replicas) if role is Role.CONTROLLER else None

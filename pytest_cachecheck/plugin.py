@@ -18,9 +18,9 @@ import pytest
 
 from . import _collect, _items
 from ._api import EPISODE_RECORD, RECORD, STATE, CacheCheck, State, measure_item
+from ._collect import Role
 from .episodes import Episode
 from .errors import ConfigError
-from .interrupts import Interrupts
 from .model import EpisodeRecord, ProbeRecord, record_key
 from .probes import Probe
 from .reporter import Reporter
@@ -67,51 +67,40 @@ def pytest_addoption(parser: pytest.Parser) -> None:
             parser.addini(spec.ini, spec.help, default="")
 
 
-def _is_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cachecheck: a prompt-cache divergence probe (pytest-cachecheck)")
     config.stash[STATE] = None
-    workerinput: Dict[str, Any] = getattr(config, "workerinput", {})
-    probes, different, episodes = _collect.from_controller(workerinput)  # a worker's; None on the controller
-    # ini paths are relative to the ini file's folder, as pytest's own (else to the invocation folder)
-    ini_base = config.inipath.parent if config.inipath is not None else Path(config.invocation_params.dir)
+    role, handoff = _collect.Role.of(config), _collect.Handoff.from_config(config)
     try:
-        raw = lookup(lambda n: config.getoption("cachecheck_" + n),
-                     lambda n: ini_paths(n, _ini(config, "cachecheck_" + n), ini_base), os.environ)
-        if not _is_worker(config) and (raw.get("url") or raw.get("target") or raw.get("serve")):
-            _collect.check_dist(getattr(config.option, "dist", "no"))
-        session = open_session(raw, Path(config.invocation_params.dir),
-                               served_url=workerinput.get("cachecheck_served_url"),
-                               probes=probes, baseline_different=different, episodes=episodes,
-                               start_server=None if _is_worker(config) else _start_served,
+        session = open_session(_raw_options(config, role), Path(config.invocation_params.dir), handoff=handoff,
+                               start_server=_start_served if role is not Role.WORKER else None,
                                own_replica=lambda s: _collect.own_replica(
-                                   s, _collect.worker_id(config), getattr(config.option, "numprocesses", None)
-                               ), other_outputs={"--junitxml": _junitxml(config),
-                                                 "--json-report-file": _json_report_file(config)})
+                                   s, _collect.worker_id(config), getattr(config.option, "numprocesses", None)),
+                               other_outputs={"--junitxml": _junitxml(config),
+                                              "--json-report-file": _json_report_file(config)})
     except ConfigError as exc:
         raise pytest.UsageError(f"cachecheck: {exc}") from None
     if session is None:
         return
-    controller = not _is_worker(config) and getattr(config.option, "dist", "no") not in (None, "no")
-    placement = None
-    if controller or _is_worker(config):
-        settings = session.settings
-        replicas = len(settings.replicas) > 1
-        folder = workerinput.get("cachecheck_placement")
-        placement = (_collect.Placement(folder, settings.targets, replicas) if folder
-                     else _collect.new_placement(settings.targets, replicas) if controller else None)
+    state = config.stash[STATE] = State(session, role, _collect.placement_for(role, session.settings, handoff))
     # SIGTERM ends the run as Ctrl-C does; the process that writes the report also guards it from a second,
     # until pytest is done (a cleanup runs after every pytest_unconfigure, pytest's own included)
-    interrupts = Interrupts(hold_after_first=not _is_worker(config))
-    interrupts.install(sigint=not _is_worker(config))
-    config.add_cleanup(interrupts.restore)
-    config.stash[STATE] = State(session, controller, placement, interrupts)
-    if not _is_worker(config):
-        config.pluginmanager.register(Reporter(config, session, interrupts, controller), "cachecheck-reporter")
+    state.interrupts.install(sigint=role is not Role.WORKER)
+    config.add_cleanup(state.interrupts.restore)
+    if role is not Role.WORKER:
+        config.pluginmanager.register(Reporter(config, state), "cachecheck-reporter")
+
+
+def _raw_options(config: pytest.Config, role: Role) -> Dict[str, Any]:
+    """The raw option values: command line over ini over environment; ini paths are relative to the ini
+    file's folder, as pytest's own (else to the invocation folder)."""
+    ini_base = config.inipath.parent if config.inipath is not None else Path(config.invocation_params.dir)
+    raw = lookup(lambda n: config.getoption("cachecheck_" + n),
+                 lambda n: ini_paths(n, _ini(config, "cachecheck_" + n), ini_base), os.environ)
+    if role is not Role.WORKER and (raw.get("url") or raw.get("target") or raw.get("serve")):
+        _collect.check_dist(getattr(config.option, "dist", "no"))
+    return raw
 
 
 def _ini(config: pytest.Config, name: str) -> Any:
@@ -164,7 +153,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     if state.session.served is not None:
         state.session.served.server.stop()
         state.session.served = None
-    if state.placement is not None and not _is_worker(config):
+    if state.placement is not None and state.role is not Role.WORKER:
         state.placement.close()
 
 
@@ -172,11 +161,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 def pytest_configure_node(node: Any) -> None:
     state = node.config.stash.get(STATE, None)
     if state is not None:
-        if state.placement is not None:
-            node.workerinput["cachecheck_placement"] = state.placement.folder
-        if state.session.served is not None:
-            node.workerinput["cachecheck_served_url"] = state.session.served.server.url
-        node.workerinput.update(_collect.to_workers(state.session))
+        node.workerinput[_collect.Handoff.KEY] = _collect.Handoff.of(state.session, state.placement).to_json()
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -193,7 +178,7 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     """Resolve each server before the header, sending nothing that generates; not at all for
     --collect-only. The checks that generate wait for the selection (``pytest_collection_finish``)."""
     state = session.config.stash.get(STATE, None)
-    if state is None or _is_worker(session.config) or session.config.option.collectonly:
+    if state is None or state.role is Role.WORKER or session.config.option.collectonly:
         return
     reporter = session.config.pluginmanager.getplugin("cachecheck-reporter")
     reporter.stage = "while the server was being detected"  # the verdict of a run interrupted here
@@ -210,7 +195,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     (a probe, an episode or a test using the fixture): a run that deselected them sends nothing that
     generates. Under xdist each worker checks its own servers before its first probe."""
     state = session.config.stash.get(STATE, None)
-    if (state is None or _is_worker(session.config) or state.controller_of_workers
+    if (state is None or state.role is not Role.ALONE
             or session.config.option.collectonly
             or not any(_collect.sends(item) for item in session.items)):
         return

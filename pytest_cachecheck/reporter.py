@@ -15,10 +15,9 @@ from typing import Any, Dict, Generator, List, Optional
 import pytest
 
 from . import _collect, _items, terminal
-from ._api import CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD
+from ._api import CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD, State
 from .files import write_report
 from .episodes import Episode
-from .interrupts import Interrupts
 from .model import EpisodeRecord, ProbeRecord, RunReport, Status, Verdict, record_key
 from .probes import Probe
 from .run import EpisodeInput, RunResult, summarise
@@ -51,12 +50,11 @@ def _episode_key(item: pytest.Item) -> Optional[str]:
 
 
 class Reporter:
-    def __init__(self, config: pytest.Config, session: CheckSession, interrupts: Interrupts,
-                 controller_of_workers: bool = False) -> None:
+    def __init__(self, config: pytest.Config, state: State) -> None:
         self.config = config
-        self.session = session
-        self.interrupts = interrupts
-        self.controller_of_workers = controller_of_workers  # under xdist: the workers run the probes
+        self.session: CheckSession = state.session
+        self.interrupts = state.interrupts
+        self.controller_of_workers = state.controller_of_workers  # under xdist: the workers run the probes
         #: what the plugin was doing outside the probes, for the verdict of a run interrupted then
         self.stage: Optional[str] = None
         self.records: Dict[str, ProbeRecord] = {}  # by record key

@@ -16,6 +16,7 @@ from .redact import Redactor
 from .settings import Settings, check_outputs, resolve
 
 if TYPE_CHECKING:  # the measurement (and requests) are imported only when the plugin is enabled
+    from ._collect import Handoff
     from .baseline import Baseline
     from .episodes import Episode
     from .protocol import Runner
@@ -114,20 +115,20 @@ class CheckSession:
                 for name, runner in self.runners.items()]
 
 
-def open_session(raw: Dict[str, Any], base_dir: Path, *, served_url: Optional[str] = None,
+def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Handoff"] = None,
                  start_server: Optional[Callable[[str, Optional[str]], "Served"]] = None,
                  own_replica: Callable[[Settings], Settings] = lambda s: s,
-                 other_outputs: Optional[Mapping[str, Optional[str]]] = None,
-                 probes: Optional[List[Probe]] = None,
-                 baseline_different: Optional[Dict[str, Dict[str, str]]] = None,
-                 episodes: Optional[List["Episode"]] = None) -> Optional[CheckSession]:
+                 other_outputs: Optional[Mapping[str, Optional[str]]] = None) -> Optional[CheckSession]:
     """The session for these raw option values (command line over ini over environment), or None when
-    no server is given (the plugin stays off). ``served_url``: the server the controller started, on a
-    worker; ``start_server``: how the controller starts ``--cachecheck-serve``'s server, once all else is
-    valid; ``other_outputs``: files other plugins write, by option (no output may be another's file);
-    ``probes`` and ``baseline_different``: what a worker's controller read from the probe files and the
-    baseline (a worker may not be able to read them again: a pipe is the controller's), instead of the
-    files. Raises ConfigError."""
+    no server is given (the plugin stays off). ``handoff``: on an xdist worker, what its controller read and
+    started (the probes, episodes, the baseline's known divergences, the served server), used instead of the
+    files (a worker may not be able to read them again: a pipe is the controller's); ``start_server``: how
+    the controller starts ``--cachecheck-serve``'s server, once all else is valid; ``own_replica``: the
+    replica this process measures on; ``other_outputs``: files other plugins write, by option (no output may
+    be another's file). Raises ConfigError."""
+    probes = list(handoff.probes) if handoff is not None else None
+    episodes = list(handoff.episodes) if handoff is not None else None
+    served_url = handoff.served_url if handoff is not None else None
     serving = bool(raw.get("serve"))
     if serving:
         if raw.get("url") or raw.get("nocache_url") or raw.get("target"):
@@ -159,14 +160,14 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, served_url: Optional[st
             episodes = load_episodes(settings.episode_files)
         except ProbeFileError as exc:
             raise ConfigError(f"--cachecheck-episodes: bad episode file: {exc}") from None
-    baselines = _baselines(settings) if baseline_different is None else {}
+    baselines = _baselines(settings) if handoff is None else {}
     served = None
     if serving and start_server is not None:
         assert settings.serve is not None
         served = start_server(settings.serve, settings.server_args)
         settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))
     session = CheckSession(settings, probes, probe_set, baselines, served, episodes)
-    session.known_different = baseline_different
+    session.known_different = handoff.known_different if handoff is not None else None
     return session
 
 
