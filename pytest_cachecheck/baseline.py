@@ -283,7 +283,7 @@ def env_of(settings: Mapping[str, Any], setup: Optional[Setup], probe_set: Optio
     return {
         "server_kind": server.kind if server else None,
         "server_build": server.build if server else None,
-        "model": (server.model if server else None) or settings.get("model"),
+        "model": server.model if server else None,  # what the server said, never an unchecked option value
         "mode": (setup.mode if setup is not None else None) or settings.get("mode"),
         "max_tokens": settings.get("max_tokens"),
         "hit_tolerance": settings.get("hit_tolerance"),

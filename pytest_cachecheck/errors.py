@@ -32,3 +32,8 @@ class ServerSetupError(CachecheckError):
 class ModelChoiceError(ServerSetupError):
     """The server does not serve the model asked for, or serves several and none was chosen: a usage error,
     found by asking the server before any probe request."""
+
+
+class WrongModel(CachecheckError):
+    """A server answered under another model name than the one the run resolved: the answer is another
+    model's, so the probe or episode that asked is inconclusive (the setup checks: a setup problem)."""

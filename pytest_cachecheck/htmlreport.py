@@ -771,7 +771,7 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[str]:
             ("server", _e(_server_text(server)))]
     if t.setup.nocache_server is not None:
         rows.append(("recompute server", _e(_server_text(t.setup.nocache_server))))
-    rows.append(("model", _e((server.model if server else None) or report.settings.get("model") or "?")))
+    rows.append(("model", _e((server.model if server else None) or "?")))  # never an unchecked option value
     url = _url_html(report.settings.get("url"))
     if url:
         rows.append(("url", url))

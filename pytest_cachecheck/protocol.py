@@ -26,7 +26,7 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from .clients import ChatClient, Reply
 from .clients.base import TokenLogprob
-from .errors import RequestError, ServerSetupError
+from .errors import RequestError, ServerSetupError, WrongModel
 from .model import Checks, Divergence, EpisodeStep, HitCheck, Outcome, ProbeRecord
 from .probes import Probe
 from .redact import Redactor
@@ -86,6 +86,11 @@ class MissingCounter(ServerSetupError):
     pass
 
 
+def wrong_model_reason(exc: WrongModel) -> str:
+    """A probe or episode answered under another model name measured another model: inconclusive."""
+    return f"inconclusive: {exc}"
+
+
 def impossible_counts(reply: Union[Reply, EpisodeStep]) -> List[str]:
     """What a reply's counters say that cannot be: negative counts, more cached tokens than the prompt."""
     out = [f"{name} {value}" for name, value in (("prompt_tokens", reply.prompt_tokens),
@@ -142,6 +147,9 @@ class Runner:
             setup = self.prepare()
             self._measure(setup, probe, record, replies)
             self._judge(setup, record, replies)
+        except WrongModel as exc:
+            record.outcome = Outcome.INCONCLUSIVE
+            record.reason = self.redactor.scrub(wrong_model_reason(exc))
         except (RequestError, ServerSetupError) as exc:
             record.outcome = Outcome.ERROR
             record.reason = self.redactor.scrub(str(exc))

@@ -10,7 +10,7 @@ from typing import List, Optional
 
 from .checks import run_checks
 from .clients import ChatClient, Http, detect_server
-from .errors import ServerSetupError
+from .errors import ServerSetupError, WrongModel
 from .model import Setup
 from .redact import Redactor, display_url
 from .settings import Settings
@@ -40,7 +40,10 @@ class ServerSetup:
     def check(self, skip_hit_check: bool) -> None:
         """Run the setup checks that send requests; raises ServerSetupError when one finds a problem."""
         self.checked = True
-        found = run_checks(self.cache, self.nocache, skip_hit_check)
+        try:
+            found = run_checks(self.cache, self.nocache, skip_hit_check)
+        except WrongModel as exc:
+            raise ServerSetupError(f"the server setup would spoil the measurement: {exc}") from None
         self.warnings, self.notes = found.warnings, found.notes
         if found.problems:
             raise ServerSetupError("the server setup would spoil the measurement: " + "; ".join(found.problems))

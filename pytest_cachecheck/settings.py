@@ -60,7 +60,9 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("nocache_url", "--cachecheck-nocache-url",
                "the server with prefix caching off (two-servers mode)", metavar="URL"),
     OptionSpec("model", "--cachecheck-model",
-               "model name for OpenAI-compatible servers (default: the only one /v1/models lists)",
+               "the model to measure, checked before any probe request: one /v1/models lists (default: the "
+               "only one); on llama-server one of its model's names: an --alias, or its file name with or "
+               "without .gguf (default: its file name)",
                metavar="NAME"),
     OptionSpec("probes", "--cachecheck-probes",
                "JSONL or JSON-array probe file; may be given more than once (default: the 20 built-in "

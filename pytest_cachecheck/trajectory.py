@@ -23,9 +23,10 @@ from typing import Any, Callable, Dict, List, Optional
 
 from .clients import ChatClient
 from .episodes import Episode
-from .errors import RequestError, ServerSetupError
+from .errors import RequestError, ServerSetupError, WrongModel
 from .model import Divergence, EpisodeRecord, EpisodeStep, Outcome, Parting, Path, ToolCall
-from .protocol import MissingCounter, Runner, _token_parting, excerpt, first_difference, impossible_counts
+from .protocol import (MissingCounter, Runner, _token_parting, excerpt, first_difference, impossible_counts,
+                       wrong_model_reason)
 from .servers import ServerSetup
 
 Fields = Callable[[int], Dict[str, Any]]
@@ -49,6 +50,9 @@ def measure_episode(runner: Runner, episode: Episode) -> EpisodeRecord:
         _walk(runner, setup.cache, episode, "cache-2", _cache_fields(setup), want, record, logprobs)
         _walk(runner, recompute_client, episode, "recompute-2", scratch, want, record, logprobs)
         _judge(setup, record, logprobs, runner.settings.skip_hit_check, episode)
+    except WrongModel as exc:
+        record.outcome = Outcome.INCONCLUSIVE
+        record.reason = runner.redactor.scrub(wrong_model_reason(exc))
     except (RequestError, ServerSetupError) as exc:
         record.outcome = Outcome.ERROR
         record.reason = runner.redactor.scrub(str(exc))

@@ -232,9 +232,9 @@ def test_env_of_reads_settings_setup_and_probe_set() -> None:
     assert env_of(loaded.settings, loaded.targets[0].setup, loaded.probe_set) == expected
     assert baseline_for(loaded, None).env == expected
     assert env_of({}, None, None, None) == dict.fromkeys(expected)
-    # without a resolved setup: the configured mode and model
+    # without a resolved setup: the configured mode, and no model (the option was never checked)
     assert env_of(f.settings(mode="two-servers", model="m/x").public(), Setup(None, None), None) == \
-        {**dict.fromkeys(expected), "mode": "two-servers", "model": "m/x", "max_tokens": 256,
+        {**dict.fromkeys(expected), "mode": "two-servers", "model": None, "max_tokens": 256,
          "hit_tolerance": 32, "skip_hit_check": False, "plugin_version": __version__}
 
 

@@ -11,7 +11,7 @@ import responses
 from pytest_cachecheck.clients import CLIENTS, LlamaCppClient, detect_server
 from pytest_cachecheck.clients.base import ServerInfo
 from pytest_cachecheck.clients.http import Http
-from pytest_cachecheck.errors import RequestError, ServerSetupError
+from pytest_cachecheck.errors import ModelChoiceError, RequestError, ServerSetupError, WrongModel
 
 URL = "http://127.0.0.1:8080"
 CHAT = URL + "/v1/chat/completions"
@@ -126,14 +126,140 @@ def test_url_credentials_become_basic_auth():
     assert sent.headers["Authorization"].startswith("Basic ") and "alice" not in sent.url
 
 
+def llama_server_mocks(path="/m/tiny.gguf", aliases=()):
+    """GET /props and /v1/models as llama-server (11434.0.0, seen in tests/test_e2e_llama.py) answers them:
+    its model's name is the first alias in sorted order, else the model path as given to -m; the aliases are
+    the --alias names, else that path."""
+    name = sorted(aliases)[0] if aliases else path
+    responses.get(URL + "/props", json={"build_info": "b9999-abc", "total_slots": 1, "model_path": path,
+                                        "model_alias": name, "default_generation_settings": {"n_ctx": 4096}})
+    responses.get(URL + "/v1/models", json={"object": "list", "data": [
+        {"id": name, "aliases": sorted(aliases) or [path], "object": "model", "owned_by": "llamacpp"}]})
+    return name
+
+
 @responses.activate
 def test_detect_llama_server():
-    responses.get(URL + "/props", json={"build_info": "b9999-abc", "total_slots": 1,
-                                        "model_path": "/m/tiny.gguf",
-                                        "default_generation_settings": {"n_ctx": 4096}})
+    llama_server_mocks()
     info = detect_server(Http(URL), None).info
     assert (info.kind, info.build, info.model) == ("llama.cpp", "b9999-abc", "tiny.gguf")
     assert info.details["total_slots"] == 1
+    assert [c.request.method for c in responses.calls] == ["GET", "GET"]  # nothing that generates
+
+
+@responses.activate
+@pytest.mark.parametrize("path, aliases, given", [
+    ("/m/tiny-q4_0.gguf", (), "tiny-q4_0.gguf"),  # the file name
+    ("/m/tiny-q4_0.gguf", (), "tiny-q4_0"),  # without .gguf
+    ("/m/tiny-q4_0.gguf", (), "/m/tiny-q4_0.gguf"),  # the path as the server was started with it
+    ("models/tiny-q4_0.gguf", ("tiny", "prod"), "tiny"),  # an alias, not the first
+    ("models/tiny-q4_0.gguf", ("tiny", "prod"), "tiny-q4_0.gguf"),  # the file, under an alias
+    ("/m/big-Q4_K_M-00001-of-00003.gguf", (), "big-Q4_K_M"),  # a split model's name
+])
+def test_llama_server_model_given_is_one_of_its_names(path, aliases, given):
+    llama_server_mocks(path, aliases)
+    info = detect_server(Http(URL), given).info
+    assert info.model == given
+
+
+@responses.activate
+@pytest.mark.parametrize("aliases, given, serves", [
+    ((), "tiny-f32.gguf", "named tiny-q4_0.gguf, tiny-q4_0 (its file name"),  # the other quantization
+    ((), "tiny", "named tiny-q4_0.gguf, tiny-q4_0 ("),
+    ((), "TINY-Q4_0.GGUF", "named tiny-q4_0.gguf, tiny-q4_0 ("),  # names are exact
+    (("prod",), "staging", "named tiny-q4_0.gguf, prod, tiny-q4_0 ("),
+])
+def test_llama_server_refuses_a_model_it_does_not_serve(aliases, given, serves):
+    llama_server_mocks("/srv/models/tiny-q4_0.gguf", aliases)
+    with pytest.raises(ModelChoiceError) as info:
+        detect_server(Http(URL), given)
+    text = str(info.value)
+    assert text.startswith(f"--cachecheck-model {given!r} is not served by {URL}: llama-server serves one model, ")
+    assert serves in text and "/srv/models" not in text  # the path only as the file name
+    assert [c.request.method for c in responses.calls] == ["GET", "GET"]
+
+
+@responses.activate
+def test_llama_server_without_a_model_name_refuses_any_given():
+    responses.get(URL + "/props", json={"build_info": "b1", "total_slots": 1})
+    responses.get(URL + "/v1/models", status=404)
+    assert detect_server(Http(URL), None).info.model is None
+    with pytest.raises(ModelChoiceError, match="names it nowhere"):
+        detect_server(Http(URL), "tiny")
+
+
+# -- the model an answer names: one rule for every kind ----------------------------------------------------
+def named(model, **kwargs):
+    body = chat_body(**kwargs)
+    if model is not None:
+        body["model"] = model
+    return body
+
+
+@responses.activate
+@pytest.mark.parametrize("aliases, given", [((), None), ((), "tiny-q4_0"), (("tiny",), None), (("tiny",), "tiny"),
+                                            (("tiny",), "tiny-q4_0.gguf")])
+def test_llama_server_answers_under_its_own_name_whatever_was_given(aliases, given):
+    """llama-server names its model in every answer (its first alias, else the path it was started with),
+    never the name a request asked for; every name of its model is the model's."""
+    own = llama_server_mocks("models/tiny-q4_0.gguf", aliases)
+    client = detect_server(Http(URL), given)
+    responses.post(CHAT, json=named(own, timings={"cache_n": 0}))
+    assert client.chat(MSGS, max_tokens=8, cache={}).content == "hello there"
+
+
+@responses.activate
+def test_an_answer_under_another_model_name_is_wrong_model():
+    llama_server_mocks("/m/tiny-q4_0.gguf")
+    client = detect_server(Http(URL), None)
+    responses.post(CHAT, json=named("/m/tiny-f32.gguf", timings={"cache_n": 0}))
+    with pytest.raises(WrongModel) as info:
+        client.chat(MSGS, max_tokens=8, cache={})
+    assert str(info.value) == (f"the server at {URL} answered as model '/m/tiny-f32.gguf', not 'tiny-q4_0.gguf', "
+                               f"so the answer is another model's")
+
+
+def vllm_mocks(models):
+    responses.get(URL + "/props", status=404)
+    responses.get(URL + "/server_info", status=404)
+    responses.get(URL + "/get_server_info", status=404)
+    responses.get(URL + "/version", json={"version": "0.34.0"})
+    responses.get(URL + "/metrics", status=404)
+    responses.get(URL + "/v1/models", json={"object": "list", "data": [
+        {"id": name, "object": "model", "root": root, "parent": None} for name, root in models]})
+
+
+@responses.activate
+@pytest.mark.parametrize("given, answered, ok", [
+    ("b", "a", True),  # vLLM --served-model-name a b answers under its first name, whichever was asked for
+    ("a", "b", True),
+    ("a", None, True),  # an answer that names no model: nothing to compare
+    ("a", "", True),
+    ("a", "lora-x", False),  # another model the server lists (a LoRA adapter on the same weights)
+    ("a", "c", False),
+])
+def test_an_answer_is_the_model_asked_for_under_any_of_its_names(given, answered, ok):
+    vllm_mocks([("a", "/w/qwen"), ("b", "/w/qwen"), ("lora-x", "/w/lora-x")])
+    client = detect_server(Http(URL), given)
+    assert client.info.names == ["a", "b"]
+    responses.post(CHAT, json=named(answered, cached=0))
+    if ok:
+        assert client.chat(MSGS, max_tokens=8, cache={}).cached_tokens == 0
+    else:
+        with pytest.raises(WrongModel, match=f"answered as model '{answered}', not '{given}'"):
+            client.chat(MSGS, max_tokens=8, cache={})
+
+
+@responses.activate
+def test_the_model_an_answer_names_is_shown_inert():
+    vllm_mocks([("a", None)])
+    client = detect_server(Http(URL), None)
+    assert client.info.names == ["a"]
+    responses.post(CHAT, json=named("evil\x1b[2J\u202e" * 40, cached=0))
+    with pytest.raises(WrongModel) as info:
+        client.chat(MSGS, max_tokens=8, cache={})
+    text = str(info.value)
+    assert "\x1b" not in text and "\u202e" not in text and len(text) < 400
 
 
 @responses.activate

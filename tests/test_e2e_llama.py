@@ -12,6 +12,7 @@ import fnmatch
 from typing import Any, Callable, Dict, Iterator, Tuple
 
 import pytest
+import requests
 
 from tests.support.plugin_runs import PLAIN_EPISODES, Run, check_episode_run, episode_args
 from tests.support.venv_server import log_stderr
@@ -223,6 +224,40 @@ def test_misconfigured_llama_server_is_caught(plugin_run, llama_servers, flags, 
                for line in run.out.splitlines()), run.out[-3000:]
     for probe in run.data["probes"]:  # caught before the first probe: no probe request was sent
         assert probe["requests"] == [] and "--" in probe["reason"]
+
+
+def test_model_given_is_checked_against_what_llama_server_serves(pytester, plugin_run, llama_servers):
+    """--cachecheck-model on a real llama-server (Q4_0 under two aliases): a made-up name, and the F32 file
+    of the same model (a gate run pointed at the wrong server), are usage errors before any probe request,
+    naming what the server serves; an alias, the file name and its stem pass setup and are what the run
+    reports; without the option the run reports the server's file name. The server answers under its first
+    alias whatever was asked, which is its model's name: no probe is inconclusive for it."""
+    server = llama_servers("q4_0", "--alias", "tiny-prod,a-second")
+    url = server.url
+
+    def slot() -> Dict[str, Any]:
+        return requests.get(f"{url}/slots", timeout=30).json()[0]
+
+    assert "id_task" not in slot()  # no task yet on this server
+    for wrong in ("made-up-model", "demo-f32-v1.gguf"):
+        result = pytester.runpytest_subprocess(f"--cachecheck-url={url}", f"--cachecheck-model={wrong}",
+                                               "--cachecheck-n=2", "-p", "no:cacheprovider")
+        assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str()[-2000:]
+        result.stderr.fnmatch_lines([
+            f"*cachecheck: --cachecheck-model '{wrong}' is not served by {url}: llama-server serves one model, "
+            f"named demo-q4_0-v1.gguf, a-second, tiny-prod, demo-q4_0-v1 (its file name with or without .gguf, "
+            f"and any --alias); give one of those, or leave --cachecheck-model out"])
+    assert "id_task" not in slot()  # the server was asked what it is, and nothing more
+    for given, reported in ((None, "demo-q4_0-v1.gguf"), ("tiny-prod", "tiny-prod"),
+                            ("demo-q4_0-v1", "demo-q4_0-v1")):
+        run = plugin_run(f"--cachecheck-url={url}", "--cachecheck-n=2",
+                         *([f"--cachecheck-model={given}"] if given else []))
+        assert sum(run.counts().get(k, 0) for k in ("same", "different")) == 2, run.out[-3000:]
+        assert run.data["server"]["model"] == reported
+        assert f"| model {reported}" in run.out  # the header and the result block
+    answered = requests.post(f"{url}/v1/chat/completions", json={"model": "made-up-model", "max_tokens": 1,
+                             "messages": [{"role": "user", "content": "hi"}]}, timeout=60).json()
+    assert answered["model"] == "a-second"  # what the rule reads: its own name, not the name asked for
 
 
 def test_host_cache_check_passes_with_cache_ram_0(llama_servers):

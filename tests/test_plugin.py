@@ -200,6 +200,41 @@ def test_model_choice(pytester, emulator):
     assert {r["model"] for r in emu.requests_log[-18:]} == {"emu/other"}
 
 
+def test_an_answer_under_another_model_name_is_inconclusive(pytester, emulator):
+    """A proxy that routes one request to another model: that probe (or episode) measured another model, so
+    it is inconclusive with the name it answered under, and nothing more is sent for it; a setup check
+    answered so is a setup problem."""
+    # probe 2 (bike-chain) sends requests 7..12; its fifth, cache-2/turn-2, comes back as another model's
+    emu = emulator(fault={SETUP + 11: "other-model"})
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL, "-rs", "--cachecheck-report=r.json")
+    result.assert_outcomes(passed=2, skipped=1, failed=1)  # the gate: 2 of 3 valid, fewer than 0.8
+    reason = (f"inconclusive: the server at {emu.url} answered as model 'emu/other-model', not 'emu/tiny-chat', "
+              f"so the answer is another model's")
+    result.stdout.fnmatch_lines([f"SKIPPED * {reason}"])
+    assert chat_count(emu) == SETUP + 6 + 5 + 6  # bike-chain stopped at the answer under the other name
+    data = json.loads((pytester.path / "r.json").read_text())
+    bike = data["probes"][1]
+    assert (bike["id"], bike["outcome"], bike["reason"]) == ("bike-chain", "inconclusive", reason)
+    assert [p["outcome"] for p in data["probes"]] == ["same", "inconclusive", "same"]
+    assert data["server"]["model"] == "emu/tiny-chat"
+
+    # an episode: its cache path's second step answered under another name
+    emu = emulator(fault={SETUP + 2: "other-model"})
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", "--cachecheck-episodes=builtin", "-k",
+                                "episode and bread", "-p", "no:cacheprovider", "-rs")
+    result.assert_outcomes(skipped=1, failed=1)
+    result.stdout.fnmatch_lines([f"SKIPPED * inconclusive: the server at {emu.url} answered as model "
+                                 f"'emu/other-model', not 'emu/tiny-chat'*"])
+
+    # the setup check's request (cached-token reporting): every probe errors with the setup problem
+    emu = emulator(fault={SETUP: "other-model"})
+    result = pytester.runpytest(f"--cachecheck-url={emu.url}", *SMALL)
+    result.assert_outcomes(errors=3, failed=1)
+    result.stdout.fnmatch_lines([f"*server not usable: the server setup would spoil the measurement: the server "
+                                 f"at {emu.url} answered as model 'emu/other-model', not 'emu/tiny-chat'*"])
+    assert chat_count(emu) == SETUP
+
+
 # -- selection, suites, xdist -------------------------------------------------------------------------
 @pytest.mark.compat
 def test_beside_a_suite_with_k_and_m(pytester, emulator):

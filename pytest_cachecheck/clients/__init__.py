@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Type
 
-from .base import CachePlan, ChatClient, Findings, Reply, ServerInfo, choose_model, listed_models
+from .base import CachePlan, ChatClient, Findings, Reply, ServerInfo
 from .http import Http
 from .llama_cpp import LlamaCppClient
 from .openai import OpenAIClient
@@ -24,22 +24,17 @@ CLIENTS: Dict[str, Type[ChatClient]] = {
 
 
 def detect_server(http: Http, model: Optional[str], prefer: Optional[str] = None) -> ChatClient:
-    """The client for the server at ``http``, with the model to ask for. Raises RequestError or
-    ServerSetupError for a server that cannot be used. No request here generates text."""
+    """The client for the server at ``http``, with the model to ask for (``model``, checked against what the
+    server serves; ``prefer``: the first server's model, for the second of a pair). Raises RequestError or
+    ServerSetupError (ModelChoiceError: the server does not serve ``model``) for a server that cannot be
+    used. No request here generates text."""
     for cls in CLIENTS.values():
         info = cls.detect(http)
         if info is not None:
             break
     else:  # pragma: no cover - the generic client always answers
         raise AssertionError("no client detected the server")
-    if not cls.lists_models:
-        if model:
-            info.model = model
-    else:
-        info.models = listed_models(http)
-        if model is None and prefer is not None and prefer in info.models:
-            model = prefer  # the second server of a pair: the first server's model, where it serves it
-        info.model = choose_model(info.models, model, http.shown)
+    cls.resolve_model(http, info, model, prefer)
     return cls(http, info)
 
 

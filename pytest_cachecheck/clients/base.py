@@ -1,5 +1,6 @@
 """The client interface every server kind implements, and what they share: the reply record, reading an
-OpenAI-style chat completion, and finding the model a server serves. Nothing here knows pytest.
+OpenAI-style chat completion, finding the model a server serves and the one rule for the model an answer
+names. Nothing here knows pytest.
 
 A client answers the questions the measurement and the setup checks ask of a server kind: which request
 fields start a request from a clean state, which make turn 2 reuse turn 1's state, which compute a request
@@ -13,7 +14,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import ModelChoiceError, RequestError
+from ..errors import ModelChoiceError, RequestError, WrongModel
 from ..model import Request, ServerDescription
 from ..text import printable
 from .http import Http
@@ -48,8 +49,11 @@ class ServerInfo:
 
     kind: str  # llama.cpp | vllm | sglang | openai
     build: Optional[str] = None
-    model: Optional[str] = None
-    models: List[str] = field(default_factory=list)
+    model: Optional[str] = None  # the model the run asks for and reports
+    models: List[str] = field(default_factory=list)  # every model /v1/models lists
+    #: every name the server gives ``model`` (vLLM's other served names, llama-server's alias and file name);
+    #: an answer under any other name is another model's
+    names: List[str] = field(default_factory=list)
     details: Dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> ServerDescription:
@@ -83,8 +87,6 @@ class ChatClient:
     reporting_flag: ClassVar[str] = "vLLM: --enable-prompt-tokens-details; SGLang: --enable-cache-report"
     #: whether the server names its model so that two servers' models can be compared
     names_model: ClassVar[bool] = True
-    #: whether the model to ask for is one of those ``/v1/models`` lists (llama-server serves one, unasked)
-    lists_models: ClassVar[bool] = True
 
     def __init__(self, http: Http, info: ServerInfo) -> None:
         self.http = http
@@ -95,6 +97,20 @@ class ChatClient:
     def detect(cls, http: Http) -> Optional[ServerInfo]:
         """The server's info when it answers like this kind, else None. Sends nothing that generates."""
         return None
+
+    @classmethod
+    def resolve_model(cls, http: Http, info: ServerInfo, wanted: Optional[str],
+                      prefer: Optional[str]) -> None:
+        """Set ``info.model`` to the model to ask for, and ``info.names``: the one given (``wanted``, which
+        ``/v1/models`` must list), else ``prefer`` (the first server's model, for the second of a pair) where
+        listed, else the only one listed. Raises ModelChoiceError. Sends nothing that generates."""
+        listed = served_models(http)
+        info.models = list(listed)
+        if wanted is None and prefer is not None and prefer in listed:
+            wanted = prefer
+        info.model = choose_model(info.models, wanted, http.shown)
+        root = listed.get(info.model)  # vLLM answers under its first served name, whichever was asked for
+        info.names = [m for m, r in listed.items() if m == info.model or (root and r == root)]
 
     def block_size(self) -> Optional[int]:
         """The hit granularity the server reports (vLLM block size, SGLang page size)."""
@@ -134,6 +150,7 @@ class ChatClient:
         where = f"POST /v1/chat/completions to {self.http.shown}"
         data = self.http.post("/v1/chat/completions", body)
         content, finish, usage = parse_choice(data, where)
+        check_answer_model(data, self.info, self.http.shown)
         prompt = counter(usage, ("prompt_tokens",), where)
         completion = counter(usage, ("completion_tokens",), where)
         if prompt is None or completion is None:
@@ -201,6 +218,20 @@ def parse_choice(data: Dict[str, Any], where: str) -> Tuple[str, Optional[str], 
         raise RequestError(f"{where}: the response has no usage counts", where=where)
     finish = choices[0].get("finish_reason")
     return content, finish if isinstance(finish, str) else None, usage
+
+
+def check_answer_model(data: Dict[str, Any], info: ServerInfo, shown_url: str) -> None:
+    """The rule for every answer's ``model`` field, whatever the server kind: an answer under a name that is
+    not one of the run's model (``info.model`` or one of ``info.names``) is another model's, so it raises
+    WrongModel. An answer that names no model passes: there is nothing to compare. (llama-server answers
+    under its own name for its model whatever the request said, vLLM under its first served name, SGLang
+    under the name asked for.)"""
+    answered = data.get("model")
+    if not isinstance(answered, str) or not answered or not info.model:
+        return
+    if answered != info.model and answered not in info.names:
+        raise WrongModel(f"the server at {shown_url} answered as model {printable(repr(answered), 120)}, not "
+                         f"{printable(repr(info.model), 120)}, so the answer is another model's")
 
 
 def parse_tool_calls(choice: Dict[str, Any], where: str) -> List[Tuple[str, str]]:
@@ -294,14 +325,16 @@ def get_json(http: Http, path: str) -> Optional[Dict[str, Any]]:
     return data if status == 200 and isinstance(data, dict) else None
 
 
-def listed_models(http: Http) -> List[str]:
+def served_models(http: Http) -> Dict[str, Optional[str]]:
+    """``/v1/models``: each model id listed, in order, with its ``root`` (the weights it serves), if any."""
     data = get_json(http, "/v1/models")
     if not data or not isinstance(data.get("data"), list):
-        return []
-    return [m["id"] for m in data["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        return {}
+    return {m["id"]: m.get("root") if isinstance(m.get("root"), str) and m.get("root") else None
+            for m in data["data"] if isinstance(m, dict) and isinstance(m.get("id"), str)}
 
 
-def _some(names: List[str], limit: int = 10) -> str:
+def some_names(names: List[str], limit: int = 10) -> str:
     listed = ", ".join(printable(n, 120) for n in names[:limit])
     return listed + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
@@ -311,11 +344,11 @@ def choose_model(listed: List[str], wanted: Optional[str], shown_url: str) -> st
     if wanted:
         if listed and wanted not in listed:
             raise ModelChoiceError(f"--cachecheck-model {wanted!r} is not served by {shown_url}; it lists: "
-                                   + _some(listed))
+                                   + some_names(listed))
         return wanted
     if len(listed) == 1:
         return listed[0]
     if not listed:
         raise ModelChoiceError(f"{shown_url} lists no model at /v1/models; give --cachecheck-model NAME")
     raise ModelChoiceError(f"{shown_url} serves several models; choose one with --cachecheck-model: "
-                           + _some(listed))
+                           + some_names(listed))

@@ -1,17 +1,19 @@
 """llama.cpp's llama-server: ``/v1/chat/completions`` with per-request ``cache_prompt``.
 
-Detected by ``GET /props``. The hit counter is ``timings.cache_n`` (the same value as
+Detected by ``GET /props``. It serves one model, whatever a request asks for, under the names ``/props`` and
+``/v1/models`` give it: its aliases (``--alias``) and its model file; the run reports the file's name, and
+``--cachecheck-model`` must be one of those names. The hit counter is ``timings.cache_n`` (the same value as
 ``usage.prompt_tokens_details.cached_tokens``), always reported. ``"samplers": ["temperature"]`` leaves
 only the greedy arg-max, so no penalty or GGUF default can act; ``"id_slot": 0`` pins the one slot.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Any, Dict, List, Optional, Sequence
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import RequestError
-from .base import CachePlan, ChatClient, Findings, ServerInfo, counter, get_json
+from ..errors import ModelChoiceError, RequestError
+from .base import CachePlan, ChatClient, Findings, ServerInfo, counter, get_json, some_names
 from .http import Http
 
 # Two unrelated passages of about 150 tokens each, for the host-memory cache check.
@@ -32,26 +34,68 @@ _PASSAGE_B = (
     "sailors so that they are fresh when the wind rises after midnight."
 )
 
+_SPLIT = re.compile(r"-\d{5}-of-\d{5}$")  # the part suffix of a split model's files (gguf-split)
+
+
+def _model_names(props: Dict[str, Any], models: Optional[Dict[str, Any]]) -> Tuple[Optional[str], List[str]]:
+    """(the name the run reports, every name the server gives its model). The names: the ``/v1/models`` ids
+    and aliases, ``/props`` ``model_alias`` (the first alias, else the model path, as given to ``-m``, or
+    the ``-hf`` repository) and the model file: its path, its file name, that name without ``.gguf``, and
+    without a split model's part suffix. The run reports the file name, else the alias."""
+    names: List[str] = []
+    listed = models.get("data") if isinstance(models, dict) else None
+    for entry in listed if isinstance(listed, list) else []:
+        if isinstance(entry, dict):
+            aliases = entry.get("aliases") if isinstance(entry.get("aliases"), list) else []
+            names += [n for n in [entry.get("id"), *aliases] if isinstance(n, str) and n]
+    alias = props.get("model_alias")
+    if isinstance(alias, str) and alias:
+        names.append(alias)
+    path = props.get("model_path")
+    own = names[0] if names else None
+    if isinstance(path, str) and path:
+        own = re.split(r"[\\/]", path)[-1]
+        stem = own[:-5] if own.lower().endswith(".gguf") else own
+        names = [own] + names + [path, stem, _SPLIT.sub("", stem)]
+    return own, list(dict.fromkeys(names))
+
 
 class LlamaCppClient(ChatClient):
     kind = "llama.cpp"
     reporting_flag = "llama-server reports timings.cache_n always: is this a stock llama-server?"
     names_model = False  # /props names the model file, which two servers of one model may name apart
-    lists_models = False
 
     @classmethod
     def detect(cls, http: Http) -> Optional[ServerInfo]:
         props = get_json(http, "/props")
         if props is None or not ("build_info" in props or "default_generation_settings" in props):
             return None
-        path = props.get("model_path")
         settings = props.get("default_generation_settings")
+        own, names = _model_names(props, get_json(http, "/v1/models"))
         return ServerInfo(
             kind=cls.kind,
             build=str(props.get("build_info")) if props.get("build_info") else None,
-            model=os.path.basename(path) if isinstance(path, str) and path else props.get("model_alias"),
+            model=own, names=names,
             details={"total_slots": props.get("total_slots"),
                      "n_ctx": settings.get("n_ctx") if isinstance(settings, dict) else None})
+
+    @classmethod
+    def resolve_model(cls, http: Http, info: ServerInfo, wanted: Optional[str],
+                      prefer: Optional[str]) -> None:
+        # one model, served unasked: a name given must be one of the server's for it; none given, the run
+        # reports the server's own (``prefer`` does not apply: two servers may name one model's file apart)
+        if not wanted:
+            return
+        if wanted not in info.names:
+            own = info.model or ""
+            shown = [n for n in info.names if n == own or not n.endswith(("/" + own, "\\" + own))]
+            serves = (f"named {some_names(shown)} (its file name with or without .gguf, and any "
+                      f"--alias); give one of those, or leave --cachecheck-model out" if shown else
+                      "and names it nowhere (/props has no model_path or model_alias); leave "
+                      "--cachecheck-model out")
+            raise ModelChoiceError(f"--cachecheck-model {wanted!r} is not served by {http.shown}: "
+                                   f"llama-server serves one model, {serves}")
+        info.model = wanted
 
     def setup_problems(self) -> List[str]:
         slots = self.info.details.get("total_slots")

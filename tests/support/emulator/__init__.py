@@ -20,10 +20,12 @@ that behaves as those servers do for the parts the plugin uses (see
   0.5.23 (``null_details_on_miss=True`` models older SGLang releases, whose
   ``UsageProcessor._details_if_cached`` left the details null whenever the hit count was 0, even with
   ``--enable-cache-report``); SGLang treats an empty salt as no salt and accepts ``extra_key``;
-  SGLang's ``GET /health`` runs a one-token generation on ``input_ids=[0]`` that goes into the cache;
+  SGLang's ``GET /health`` runs a one-token generation on ``input_ids=[0]`` that goes into the cache; vLLM
+  answers under its first served name whichever it was asked for, SGLang under the name it was asked for;
 * knobs for tests: ``diverge_on_hit`` (chosen prompts answer differently on a cache hit, a modelled
   cache-induced flip), ``honor_salt=False`` (a build that ignores the salt), ``api_key``, and fault
-  injection (``fault``, ``fail_after_requests``, :meth:`Emulator.kill`);
+  injection (``fault``, among them ``"other-model"``: an answer under another model's name;
+  ``fail_after_requests``, :meth:`Emulator.kill`);
 * Qwen3-like behaviour: ``chat_template`` (``"drop-reasoning"``: past turns lose their ``<think>`` block;
   ``"empty-think-prompt"``: the generation prompt carries an empty think block that past turns do not),
   ``reasoning=True`` (the model thinks first; the server's reasoning parser splits the reasoning off the

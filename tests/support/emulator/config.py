@@ -38,9 +38,13 @@ FAULT_KINDS = ("429", "500", "503", "not-json", "truncated", "no-choices", "no-u
                # another origin, JSON nested 100000 deep, a 5000-digit integer, a NaN counter, an error
                # message with a lone surrogate, an error message with terminal control sequences
                "huge", "gzip-bomb", "drip:<seconds>", "redirect", "nested", "bigint", "nan", "surrogate",
-               "control")
+               "control",
+               # a proxy that routed the request to another model: the answer under OTHER_MODEL's name
+               "other-model")
 _SIMPLE_FAULTS = ("429", "500", "503", "not-json", "truncated", "no-choices", "no-usage", "huge", "gzip-bomb",
-                  "redirect", "nested", "bigint", "nan", "surrogate", "control")
+                  "redirect", "nested", "bigint", "nan", "surrogate", "control", "other-model")
+#: the model name of the "other-model" fault's answer
+OTHER_MODEL = "emu/other-model"
 #: the error message of the "control" fault: it would clear the line and forge a PASSED in a terminal
 CONTROL_MESSAGE = "boom\x1b[2K\r\x1b[32mPASSED\x1b[0m\nforged line \u202etxt.exe"
 

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Dict, List, Optional, Set, Tuple
 from urllib.parse import urlsplit
 
-from .config import CONTROL_MESSAGE, EmulatorConfig, Kind, _parse_fault, _RequestError
+from .config import CONTROL_MESSAGE, OTHER_MODEL, EmulatorConfig, Kind, _parse_fault, _RequestError
 from .generation import _Generation
 from .sglang import SglangKind
 from .text import PrefixCache, render_chat, token_str, tokenize
@@ -447,6 +447,8 @@ class Emulator(_Generation):
                 200, b"<html><body>502 Bad Gateway (emulated: not JSON)</body></html>", "application/json"
             )
             return
+        if fault_kind == "other-model":
+            response["model"] = OTHER_MODEL
         if fault_kind == "nan":  # json.dumps writes NaN, which is not JSON
             response["usage"]["prompt_tokens_details"] = {"cached_tokens": float("nan")}
         data = json.dumps(response).encode("utf-8")

@@ -73,7 +73,9 @@ class _Generation:
         if not isinstance(model, str):
             raise self._validation_error("Input should be a valid string", "model")
         if model in cfg.served_models:
-            return model
+            # vLLM answers under its first served name whichever it was asked for (OpenAIServingModels.
+            # model_name, vllm/entrypoints/openai/models/serving.py in 0.32.0); SGLang echoes the name
+            return cfg.model if self._vllm else model
         if self._vllm:
             raise _RequestError(404, f"The model `{model}` does not exist. Valid aliases: "
                                      f"{', '.join(cfg.served_models)}.", "NotFoundError", "model")
