@@ -28,6 +28,7 @@ from . import _items
 from .episodes import Episode
 from .errors import ConfigError
 from .identity import server_groups, server_identity
+from .model import record_key
 from .probes import Probe
 from .settings import Settings
 
@@ -35,9 +36,9 @@ if TYPE_CHECKING:
     from .session import CheckSession
 
 MODULE = "cachecheck"  # the node id of the synthetic module of probe items
-PROBE_PREFIX = MODULE + "::probe["
-EPISODE_PREFIX = MODULE + "::episode["
-ITEM_PREFIXES = (PROBE_PREFIX, EPISODE_PREFIX)
+PROBE, EPISODE = "probe", "episode"  # the kinds of item, named as their test functions in _items
+GATE_NODEID = f"{MODULE}::{_items.GATE}"
+ITEM_PREFIXES = (f"{MODULE}::{PROBE}[", f"{MODULE}::{EPISODE}[")
 FIXTURE = "cachecheck"
 #: --dist modes the plugin's scheduler stands in for; ``each`` runs every test on every worker
 DIST_MODES = ("load", "loadscope", "loadfile", "loadgroup", "worksteal")
@@ -48,12 +49,26 @@ def escaped(text: str) -> str:
     return text.encode("unicode_escape").decode("ascii")
 
 
-def probe_nodeid(key: str) -> str:
-    return f"{PROBE_PREFIX}{escaped(key)}]"
+def nodeid(kind: str, key: str) -> str:
+    """The node id of the probe or episode item of this record key (``record_key``)."""
+    return f"{MODULE}::{kind}[{escaped(key)}]"
 
 
-def episode_nodeid(key: str) -> str:
-    return f"{EPISODE_PREFIX}{escaped(key)}]"
+def item_key(item: pytest.Item) -> Optional[Tuple[str, str]]:
+    """(kind, record key) of a probe or episode item; None for any other item."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for kind, param, cls in ((PROBE, "cachecheck_probe", Probe), (EPISODE, "cachecheck_episode", Episode)):
+        case = params.get(param)
+        if isinstance(case, cls):
+            return kind, record_key(case.id, params.get("cachecheck_target"))
+    return None
+
+
+def nodeids(session: CheckSession) -> Dict[str, Tuple[str, str]]:
+    """node id -> (kind, record key) of every probe and episode item the session has: what an xdist
+    controller, which collects nothing itself, knows its workers' items by."""
+    return {**{nodeid(PROBE, k): (PROBE, k) for k in session.keys()},
+            **{nodeid(EPISODE, k): (EPISODE, k) for k in session.episode_keys()}}
 
 
 class ProbeModule(pytest.Module):

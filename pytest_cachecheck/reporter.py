@@ -10,16 +10,14 @@ it runs last in the ordinary loop; under xdist the controller runs it after ever
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Generator, List, Optional
+from typing import Any, Dict, Generator, List, Optional, Tuple
 
 import pytest
 
 from . import _collect, _items, terminal
 from ._api import CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD, State
 from .files import write_report
-from .episodes import Episode
-from .model import EpisodeRecord, ProbeRecord, RunReport, Status, Verdict, record_key
-from .probes import Probe
+from .model import EpisodeRecord, ProbeRecord, RunReport, Status, Verdict
 from .run import EpisodeInput, RunResult, summarise
 from .session import CheckSession
 from .text import printable
@@ -35,20 +33,6 @@ class JsonRecord(Dict[str, Any]):
         return json.dumps(self)
 
 
-def _probe_key(item: pytest.Item) -> Optional[str]:
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if isinstance(params.get("cachecheck_probe"), Probe):
-        return record_key(params["cachecheck_probe"].id, _collect.item_target(item))
-    return None
-
-
-def _episode_key(item: pytest.Item) -> Optional[str]:
-    params = getattr(getattr(item, "callspec", None), "params", {})
-    if isinstance(params.get("cachecheck_episode"), Episode):
-        return record_key(params["cachecheck_episode"].id, _collect.item_target(item))
-    return None
-
-
 class Reporter:
     def __init__(self, config: pytest.Config, state: State) -> None:
         self.config = config
@@ -59,7 +43,7 @@ class Reporter:
         self.stage: Optional[str] = None
         self.records: Dict[str, ProbeRecord] = {}  # by record key
         self.started: Dict[str, None] = {}  # record keys of the probe items that started, in order
-        self._keys: Optional[Dict[str, str]] = None  # probe item node id -> record key
+        self._keys: Optional[Dict[str, Tuple[str, str]]] = None  # item node id -> (kind, record key)
         self.checks: List[ProbeRecord] = []
         self.selected: Optional[List[str]] = None  # record keys of the items selected to run
         self.episodes: Dict[str, EpisodeRecord] = {}
@@ -104,7 +88,7 @@ class Reporter:
     def pytest_collection_modifyitems(self, session: pytest.Session, items: List[pytest.Item]) -> None:
         """Without xdist: the gate goes after the items selected (-k, -m, ...) when a probe or an episode is
         among them."""
-        probes = [i for i in items if _probe_key(i) is not None or _episode_key(i) is not None]
+        probes = [i for i in items if _collect.item_key(i) is not None]
         if self.controller_of_workers or not probes:
             return
         gate = self._gate(probes[0].parent)
@@ -120,32 +104,35 @@ class Reporter:
                 or outcome.excinfo is not None
                 or session.shouldfail or session.shouldstop or self.config.option.collectonly):
             return
-        gate = self._gate(session, nodeid=f"{_collect.MODULE}::{_items.GATE}")
+        gate = self._gate(session, nodeid=_collect.GATE_NODEID)
         session.testscollected += 1
         gate.ihook.pytest_runtest_protocol(item=gate, nextitem=None)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         items = [] if self.config.option.collectonly else session.items  # --collect-only runs nothing
-        self.selected = [k for k in map(_probe_key, items) if k is not None]
-        self.selected_episodes = [k for k in map(_episode_key, items) if k is not None]
+        self._select([key for key in map(_collect.item_key, items) if key is not None])
         self.gate_selected = any(isinstance(i, _items.GateItem) for i in items)
+
+    def _select(self, keys: List[Tuple[str, str]]) -> None:
+        """The probes and episodes selected to run, from (kind, record key) pairs in run order."""
+        self.selected = [key for kind, key in keys if kind == _collect.PROBE]
+        self.selected_episodes = [key for kind, key in keys if kind == _collect.EPISODE]
+
+    def _nodeids(self) -> Dict[str, Tuple[str, str]]:
+        if self._keys is None:
+            self._keys = _collect.nodeids(self.session)
+        return self._keys
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: List[str]) -> None:
-        if self.selected is not None:
-            return
-        by_name = {_collect.probe_nodeid(k): k for k in self.session.keys()}
-        self.selected = [by_name[n] for n in ids if n in by_name]
-        by_episode = {_collect.episode_nodeid(k): k for k in self.session.episode_keys()}
-        self.selected_episodes = [by_episode[n] for n in ids if n in by_episode]
+        if self.selected is None:
+            by_id = self._nodeids()
+            self._select([by_id[n] for n in ids if n in by_id])
 
     def pytest_runtest_logstart(self, nodeid: str) -> None:
-        if nodeid.startswith(_collect.PROBE_PREFIX):
-            if self._keys is None:
-                self._keys = {_collect.probe_nodeid(k): k for k in self.session.keys()}
-            key = self._keys.get(nodeid)
-            if key is not None:
-                self.started[key] = None
+        found = self._nodeids().get(nodeid) if nodeid.startswith(_collect.MODULE + "::") else None
+        if found is not None:
+            self.started[found[1]] = None
 
     @pytest.hookimpl(tryfirst=True)  # before anything that prints the outcome: a signal may come between
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
@@ -190,7 +177,7 @@ class Reporter:
         """The verdict of an interrupted run: how, and what was being done."""
         how = self.interrupts.describe()
         text = "the run was interrupted" + (f" {how}" if how else "")
-        in_flight = [k for k in self.started if k not in self.records]
+        in_flight = [k for k in self.started if k not in self.records and k not in self.episodes]
         if self.stage:
             text += f" {self.stage}"
         elif in_flight:
@@ -270,10 +257,9 @@ class Reporter:
         lastfailed = getattr(lf, "lastfailed", None)
         if not isinstance(lastfailed, dict):
             return
-        for key in self.selected or []:
-            lastfailed.setdefault(_collect.probe_nodeid(key), True)
-        for key in self.selected_episodes or []:
-            lastfailed.setdefault(_collect.episode_nodeid(key), True)
+        for kind, keys in ((_collect.PROBE, self.selected), (_collect.EPISODE, self.selected_episodes)):
+            for key in keys or []:
+                lastfailed.setdefault(_collect.nodeid(kind, key), True)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if self.result is None or self.report is None or self.printed:
