@@ -12,11 +12,13 @@ A target matrix gets a table of the targets side by side and a section per targe
 named ``<probe id>@<target>`` and every anchor is unique (``probe-<i>``, ``i`` its index in
 ``report.probes``; a target's element ids end in ``-<target number>``).
 
-The page has inline CSS and inline SVG only: no script, no external resource (a Content-Security-Policy
-meta tag forbids both, in case anything slipped through). Every text from the report is escaped, and its
-control and bidi characters shown as visible escapes (``\\x1b``, ``\\u202e``); a ``scrub`` function, when
-given, is applied to every string of the report before anything is rendered. A comparison's tables list at
-most ``MAX_ROWS`` rows each (the counts stay whole).
+The page has inline CSS (the package file ``data/report.css``, its badge colours written from
+:data:`STYLES`) and inline SVG only: no script, no external resource (a Content-Security-Policy meta tag
+forbids both, in case anything slipped through). It is built with :func:`h` (an element) and :func:`join`
+(a fragment), which escape every value unless it is :class:`Markup` (this module's own HTML), so every text
+from the report is escaped by construction, and its control and bidi characters shown as visible escapes
+(``\\x1b``, ``\\u202e``); a ``scrub`` function, when given, is applied to every string of the report before
+anything is rendered. A comparison's tables list at most ``MAX_ROWS`` rows each (the counts stay whole).
 The only URLs shown are the report's, which carry no credentials (they pass
 :func:`~pytest_cachecheck.redact.display_url` once more all the same).
 
@@ -28,14 +30,17 @@ from __future__ import annotations
 import dataclasses
 import html
 import math
+import re
 from enum import Enum
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from types import GeneratorType
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .files import write_text
 from .model import (CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE, NEWLY_DIVERGED,
                     NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME,
                     Comparison, EpisodeRecord, EpisodeStep, Outcome, ProbeRecord, Rate, RunReport, ServerDescription,
                     Status, Summary, TargetReport)
+from .probes import read_resource
 from .protocol import first_difference
 from .redact import display_url
 from .stats import format_p
@@ -76,101 +81,14 @@ def _badge_css() -> str:
     return "\n".join(rules)
 
 
-_CSS = """
-table.trajectory { width: 100%; table-layout: fixed; }
-table.trajectory th:first-child { width: 110px; }
-table.trajectory tr.parted th, table.trajectory tr.parted td { background: #fff0f0; }
-.call { margin: 4px 0; font-size: 12.5px; }
-:root { --ok: #1a7f37; --bad: #cf222e; --exp: #bc4c00; --warn: #9a6700; --err: #6e40c9; --severe: #82071e;
-        --info: #0969da; --muted: #57606a; --line: #d0d7de; }
-* { box-sizing: border-box; }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Helvetica, Arial, sans-serif;
-       margin: 0 auto; padding: 16px 24px 48px; max-width: 1400px; color: #1f2328; background: #fff; }
-h1 { font-size: 22px; margin: 8px 0 4px; }
-h2 { font-size: 18px; margin: 28px 0 8px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
-h3 { font-size: 15px; margin: 18px 0 6px; }
-h4 { font-size: 14px; margin: 0; word-break: break-all; }
-table { border-collapse: collapse; margin: 6px 0; }
-th, td { text-align: left; padding: 3px 10px 3px 0; vertical-align: top; }
-th { color: var(--muted); font-weight: 600; }
-table.grid td, table.grid th { border-bottom: 1px solid #eaeef2; padding: 3px 12px 3px 4px; }
-.num { font-variant-numeric: tabular-nums; text-align: right; }
-.verdict { border: 2px solid; border-radius: 8px; padding: 10px 14px; margin: 12px 0; }
-.verdict.pass { border-color: var(--ok); background: #dafbe1; }
-.verdict.fail { border-color: var(--bad); background: #ffebe9; }
-.word { font-weight: 700; margin-right: 6px; }
-.verdict .word { font-size: 22px; margin-right: 10px; }
-.badge + .badge { margin-left: 4px; }
-.word.pass { color: var(--ok); }
-.word.fail { color: var(--bad); }
-.verdict p { margin: 6px 0 0; }
-.verdict ul { margin: 6px 0 0; padding-left: 0; list-style: none; }
-.verdict li { margin: 3px 0; }
-.verdict li .word { font-size: 14px; display: inline-block; min-width: 40px; }
-td.server { min-width: 120px; }
-td.vs { min-width: 200px; }
-.wide { overflow-x: auto; }
-.counts { display: flex; flex-wrap: wrap; gap: 10px; margin: 8px 0; }
-.count { border: 1px solid var(--line); border-radius: 6px; padding: 6px 12px; min-width: 96px; }
-.count b { display: block; font-size: 20px; }
-.badge { display: inline-block; border-radius: 10px; padding: 0 8px; font-size: 12px; font-weight: 600;
-         color: #fff; background: var(--muted); white-space: nowrap; }
-@BADGES@
-.why { color: var(--muted); }
-.warning { color: var(--warn); }
-article.probe { border: 1px solid var(--line); border-radius: 6px; padding: 10px 12px; margin: 12px 0;
-                border-left-width: 5px; }
-article.probe.k-new { border-left-color: var(--bad); }
-article.probe.k-expected { border-left-color: var(--exp); border-left-style: dashed; }
-article.probe.o-same { border-left-color: var(--ok); }
-article.probe.o-inconclusive { border-left-color: var(--warn); }
-article.probe.o-error { border-left-color: var(--err); }
-.probe-head { display: flex; gap: 10px; align-items: center; flex-wrap: wrap; }
-.note { margin: 6px 0; }
-.pair { display: grid; grid-template-columns: 1fr 1fr; gap: 12px; margin-top: 8px; }
-.pair h5, .single h5 { margin: 0 0 4px; font-size: 13px; color: var(--muted); }
-.single { margin-top: 8px; }
-pre { white-space: pre-wrap; overflow-wrap: anywhere; margin: 0; padding: 8px;
-      font: 12.5px/1.45 ui-monospace, SFMono-Regular, Menlo, Consolas, monospace;
-      background: #f6f8fa; border-radius: 6px; }
-pre.reason { background: #fff8c5; }
-code { font: 12.5px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; background: #f6f8fa;
-       padding: 0 3px; border-radius: 3px; }
-mark { background: #ffc1c0; color: #82071e; border-radius: 2px; }
-mark.end { background: #eaeef2; color: var(--muted); font-style: italic; }
-.none { color: var(--muted); font-style: italic; }
-details { margin-top: 8px; }
-summary { cursor: pointer; color: var(--muted); }
-details.group > summary { font-size: 15px; font-weight: 600; color: #1f2328; margin: 14px 0 6px; }
-a { color: #0969da; }
-.footer { margin-top: 32px; color: var(--muted); font-size: 12px; }
-.setup-warnings { border: 1px solid #d4a72c; border-left: 5px solid var(--warn); border-radius: 6px;
-                  background: #fff8c5; padding: 6px 12px; margin: 8px 0; }
-.setup-warnings ul, ul.checks { margin: 4px 0; padding-left: 20px; }
-section.target { border: 1px solid var(--line); border-radius: 6px; padding: 0 12px 10px; margin: 20px 0; }
-section.target > h2 { margin-top: 10px; }
-table#probe-index a { text-decoration: none; }
-.nowrap { white-space: nowrap; }
-figure.chart { margin: 8px 0 4px; }
-figure.chart svg { max-width: 100%; height: auto; border: 1px solid #eaeef2; border-radius: 6px; }
-figcaption { color: var(--muted); font-size: 12px; }
-.chart text { font: 11px system-ui, sans-serif; fill: var(--muted); }
-.chart .axis { stroke: #8c959f; stroke-width: 1; }
-.chart .grid { stroke: #eaeef2; stroke-width: 1; }
-.chart .tie-zone { fill: #fff8c5; }
-.chart .tie { stroke: var(--warn); stroke-width: 1.5; stroke-dasharray: 6 4; }
-.chart text.tie-label { fill: var(--warn); font-weight: 600; }
-.chart .pt-new { fill: var(--bad); stroke: var(--bad); }
-.chart .pt-expected { fill: var(--exp); stroke: var(--exp); }
-.key { display: inline-block; width: 10px; height: 10px; border-radius: 50%; vertical-align: middle; }
-.key.new { background: var(--bad); }
-.key.expected { background: var(--exp); }
-""".replace("@BADGES@", _badge_css())
+# --------------------------------------------------------------------------- the builder
 
-_CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'"
+class Markup(str):
+    """HTML as it is: this module's own (built by :func:`h` and :func:`join`, or a literal of it). The
+    builder passes it through and escapes every other value."""
 
+    __slots__ = ()
 
-# --------------------------------------------------------------------------- small pieces
 
 def _control(escape: str) -> str:
     # a style attribute, not a class: the page's stylesheet stays as it is
@@ -189,12 +107,54 @@ def _plain(value: Any) -> str:
     return html.escape(visible("" if value is None else str(value)), quote=True)
 
 
-def _badge(word: Any) -> str:
+def _flat(children: Iterable[Any], escape: Callable[[Any], str]) -> str:
+    out = []
+    for child in children:
+        if isinstance(child, Markup):
+            out.append(child)
+        elif isinstance(child, (list, tuple, GeneratorType)):
+            out.append(_flat(child, escape))
+        else:
+            out.append(escape(child))
+    return "".join(out)
+
+
+def join(children: Iterable[Any], sep: str = "") -> Markup:
+    """The children as one fragment, ``sep`` between them: :class:`Markup` as it is, lists and generators
+    flattened, every other value escaped (:func:`_e`; None is nothing)."""
+    return Markup(_flat([sep], _e).join(_flat([child], _e) for child in children))
+
+
+#: the elements without content, and how their tag ends
+_EMPTY = {"br": ">", "meta": ">", "rect": "/>", "line": "/>", "circle": "/>", "path": "/>"}
+
+
+def h(tag: str, attrs: Optional[Dict[str, Any]] = None, *children: Any) -> Markup:
+    """An element: its attributes in order (one whose value is None or empty is left out), each value
+    escaped (:func:`_plain`) unless it is :class:`Markup`, then its children as :func:`join` gives them (a
+    ``<title>``'s as :func:`_plain`: no markup there)."""
+    names = "".join(f' {k}="{v if isinstance(v, Markup) else _plain(v)}"' for k, v in (attrs or {}).items()
+                    if v is not None and v != "")
+    if tag in _EMPTY:
+        return Markup(f"<{tag}{names}{_EMPTY[tag]}")
+    return Markup(f"<{tag}{names}>{_flat(children, _plain if tag == 'title' else _e)}</{tag}>")
+
+
+_RARR, _NDASH = Markup("&rarr;"), Markup("&ndash;")
+_CSS = Markup("\n" + re.sub(r"/\* @BADGES@[^*]*\*/", lambda _: _badge_css(),
+                            read_resource("report.css").decode("utf-8")))
+# Markup: its quotes stay as they are
+_CSP = Markup("default-src 'none'; style-src 'unsafe-inline'; img-src 'none'; form-action 'none'")
+
+
+# --------------------------------------------------------------------------- small pieces
+
+def _badge(word: Any) -> Markup:
     """A status word as a coloured badge; a word the page has no colour for is shown grey (and its text,
     which may come from a file, never becomes part of a class name)."""
     text = str(word) if word is not None else "?"
     cls = f"b-{_slug(text)}" if text in STYLES else "b-unknown"
-    return f'<span class="badge {cls}">{_e(text)}</span>'
+    return h("span", {"class": f"badge {cls}"}, text)
 
 
 def passed(status: Status) -> bool:
@@ -202,27 +162,26 @@ def passed(status: Status) -> bool:
     return status in PASSING
 
 
-def _word(status: Status) -> str:
+def _word(status: Status) -> Markup:
     ok = passed(status)
-    return f'<span class="word {"pass" if ok else "fail"}">{"PASS" if ok else "FAIL"}</span>'
+    return h("span", {"class": f"word {'pass' if ok else 'fail'}"}, "PASS" if ok else "FAIL")
 
 
 def _pct(x: Optional[float]) -> str:
     return "n/a" if x is None else f"{x:.1%}"
 
 
-def _attr(name: str, value: str) -> str:
-    """`` name="value"``, or nothing when value is empty."""
-    return f' {name}="{value}"' if value else ""
+def _kv_table(rows: Sequence[Tuple[str, Any]], ident: str = "") -> Markup:
+    return h("table", {"id": ident}, (h("tr", {}, h("th", {}, k), h("td", {}, v)) for k, v in rows))
 
 
-def _kv_table(rows: Sequence[Tuple[str, str]], ident: str = "") -> str:
-    body = "".join(f"<tr><th>{_e(k)}</th><td>{v}</td></tr>" for k, v in rows)
-    return f"<table{_attr('id', ident)}>{body}</table>"
+def _list(items: Sequence[str], cls: str = "") -> Markup:
+    return h("ul", {"class": cls}, (h("li", {}, i) for i in items))
 
 
-def _list(items: Sequence[str], cls: str = "") -> str:
-    return f"<ul{_attr('class', cls)}>" + "".join(f"<li>{_e(i)}</li>" for i in items) + "</ul>"
+def _figures(pairs: Iterable[Tuple[str, Any]], sep: str = " | ") -> Markup:
+    """``name <b>number</b>`` for each pair, ``sep`` between."""
+    return join((join([f"{k} ", h("b", {}, v)]) for k, v in pairs), sep)
 
 
 def _server_text(server: Optional[ServerDescription]) -> str:
@@ -232,39 +191,39 @@ def _server_text(server: Optional[ServerDescription]) -> str:
     return text + (f" | model {server.model}" if server.model else "")
 
 
-def _url_html(url: Optional[str]) -> Optional[str]:
+def _url_html(url: Optional[str]) -> Optional[Markup]:
     """A URL as it may be shown (no credentials, query values masked), or None when there is none."""
-    return f"<code>{_e(display_url(url))}</code>" if url else None
+    return h("code", {}, display_url(url)) if url else None
 
 
-def _rate_html(rate: Optional[Rate], what: str = "divergence rate", unit: str = "probe") -> str:
+def _rate_html(rate: Optional[Rate], what: str = "divergence rate", unit: str = "probe") -> Markup:
     """A rate with its 95% interval, or n/a when nothing was valid."""
     if rate is None:
-        return f"{what}: n/a (no valid {unit})"
+        return join([f"{what}: n/a (no valid {unit})"])
     lo, hi = rate.ci95
-    return (f"{what} <b>{rate.value:.1%}</b> ({rate.different} of {rate.valid} valid {unit}s), "
-            f"95% Wilson interval {lo:.1%} to {hi:.1%}")
+    return join([f"{what} ", h("b", {}, f"{rate.value:.1%}"), f" ({rate.different} of {rate.valid} valid "
+                 f"{unit}s), 95% Wilson interval {lo:.1%} to {hi:.1%}"])
 
 
-def _answer_html(text: Optional[str], at: Optional[int]) -> str:
+def _answer_html(text: Optional[str], at: Optional[int]) -> Markup:
     """The answer in a <pre>: the common prefix plain, everything from ``at`` inside <mark>."""
     if text is None:
-        return '<pre><span class="none">(no answer)</span></pre>'
+        return h("pre", {}, h("span", {"class": "none"}, "(no answer)"))
     if at is None or at < 0:
-        return f"<pre>{_e(text)}</pre>"
+        return h("pre", {}, text)
     at = min(at, len(text))
     rest = text[at:]
-    marked = f"<mark>{_e(rest)}</mark>" if rest else '<mark class="end">(end of answer)</mark>'
-    return f"<pre>{_e(text[:at])}{marked}</pre>"
+    marked = h("mark", {}, rest) if rest else h("mark", {"class": "end"}, "(end of answer)")
+    return h("pre", {}, text[:at], marked)
 
 
-def _setup_warnings(warnings: Sequence[str], suffix: str) -> str:
+def _setup_warnings(warnings: Sequence[str], suffix: str) -> Markup:
     """A prominent box listing the setup warnings, or nothing when there are none."""
     if not warnings:
-        return ""
+        return Markup()
     plural = "s" if len(warnings) > 1 else ""
-    return (f'<div class="setup-warnings" id="setup-warnings{suffix}"><b class="warning">setup '
-            f"warning{plural} ({len(warnings)})</b>{_list(warnings)}</div>")
+    return h("div", {"class": "setup-warnings", "id": f"setup-warnings{suffix}"},
+             h("b", {"class": "warning"}, f"setup warning{plural} ({len(warnings)})"), _list(warnings))
 
 
 # --------------------------------------------------------------------------- scrubbing
@@ -347,7 +306,7 @@ def _token(p: _Probe) -> Optional[int]:
     return None if d is None or d.token is None or d.token < 0 else d.token
 
 
-def _chart(probes: Sequence[_Probe], max_tokens: Any, suffix: str) -> str:
+def _chart(probes: Sequence[_Probe], max_tokens: Any, suffix: str) -> Markup:
     """An inline SVG: x = token index of the first difference, y = the two paths' top-1 minus top-2 logprob
     margins added up (the logit shift that swaps their tokens; log scale), the near-tie threshold drawn as a
     line; divergences without margins on a strip below; each mark links to its probe. Empty when no
@@ -356,11 +315,11 @@ def _chart(probes: Sequence[_Probe], max_tokens: Any, suffix: str) -> str:
     placed = [p for p in differed if _token(p) is not None]
     unplaced = [p for p in differed if _token(p) is None]
     if not placed:
-        return ""
+        return Markup()
     needs_strip = any(None in _margins(p) for p in placed)
     w, left, right, top, bottom = 760, 64, 16, 14, 176
     strip = bottom + 24  # the row of divergences without margins, when there are any
-    h = (strip if needs_strip else bottom) + 40
+    height = (strip if needs_strip else bottom) + 40
     x_max = max([_token(p) or 0 for p in placed] + [1])
     if isinstance(max_tokens, int) and not isinstance(max_tokens, bool) and max_tokens >= x_max:
         x_max = max_tokens
@@ -369,67 +328,69 @@ def _chart(probes: Sequence[_Probe], max_tokens: Any, suffix: str) -> str:
     if margins and max(margins) > 0:
         hi_exp = max(1, min(3, math.ceil(math.log10(max(margins)))))
 
-    def x(token: int) -> float:
-        return left + (w - left - right) * min(max(token, 0), x_max) / x_max
+    def x(token: int) -> str:
+        return f"{left + (w - left - right) * min(max(token, 0), x_max) / x_max:.1f}"
 
     def y(margin: float) -> float:
         m = math.log10(max(margin, 10.0 ** lo_exp))
         return top + (bottom - top) * (hi_exp - min(m, hi_exp)) / (hi_exp - lo_exp)
 
-    out = [f'<svg class="chart" id="chart{suffix}" xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {w} {h}" '
-           f'width="{w}" height="{h}" role="img" '
-           'aria-label="token index and logprob margin of each divergence">',
-           f'<rect class="tie-zone" x="{left}" y="{y(NEAR_TIE_NATS):.1f}" width="{w - left - right}" '
-           f'height="{bottom - y(NEAR_TIE_NATS):.1f}"/>']
+    def line(cls: str, x1: Any, y1: Any, x2: Any, y2: Any) -> Markup:
+        return h("line", {"class": cls, "x1": x1, "y1": y1, "x2": x2, "y2": y2})
+
+    def text(xx: Any, yy: Any, anchor: str, child: Any, cls: Optional[str] = None,
+             transform: Optional[str] = None) -> Markup:
+        return h("text", {"class": cls, "x": xx, "y": yy, "text-anchor": anchor, "transform": transform},
+                 child)
+
+    yt, mid = f"{y(NEAR_TIE_NATS):.1f}", f"{(top + bottom) / 2:.0f}"
+    out = [h("rect", {"class": "tie-zone", "x": left, "y": yt, "width": w - left - right,
+                      "height": f"{bottom - y(NEAR_TIE_NATS):.1f}"})]
     for e in range(lo_exp, hi_exp + 1):
         yy = y(10.0 ** e)
         label = f"{10.0 ** e:g}" if e != lo_exp else f"\u2264{10.0 ** e:g}"
-        out.append(f'<line class="grid" x1="{left}" y1="{yy:.1f}" x2="{w - right}" y2="{yy:.1f}"/>'
-                   f'<text x="{left - 6}" y="{yy + 4:.1f}" text-anchor="end">{_e(label)}</text>')
-    ticks = sorted({round(x_max * i / 4) for i in range(5)})
-    for t in ticks:
-        out.append(f'<line class="axis" x1="{x(t):.1f}" y1="{bottom}" x2="{x(t):.1f}" y2="{bottom + 4}"/>'
-                   f'<text x="{x(t):.1f}" y="{h - 22}" text-anchor="middle">{t}</text>')
-    yt = y(NEAR_TIE_NATS)
-    out += [f'<line class="axis" x1="{left}" y1="{top}" x2="{left}" y2="{bottom}"/>',
-            f'<line class="axis" x1="{left}" y1="{bottom}" x2="{w - right}" y2="{bottom}"/>',
-            f'<line class="tie" x1="{left}" y1="{yt:.1f}" x2="{w - right}" y2="{yt:.1f}"/>',
-            f'<text class="tie-label" x="{w - right - 4}" y="{yt - 5:.1f}" text-anchor="end">'
-            f"near-tie threshold {NEAR_TIE_NATS:g} nats</text>",
-            f'<text x="14" y="{(top + bottom) / 2:.0f}" text-anchor="middle" '
-            f'transform="rotate(-90 14 {(top + bottom) / 2:.0f})">margins added (nats)</text>',
-            f'<text x="{left - 6}" y="{strip + 4}" text-anchor="end">no margin</text>'
-            f'<line class="grid" x1="{left}" y1="{strip}" x2="{w - right}" y2="{strip}"/>'
-            if needs_strip else "",
-            f'<text x="{(left + w - right) / 2:.0f}" y="{h - 4}" text-anchor="middle">'
-            f"token index of the first difference (0 to {x_max})</text>"]
+        out += [line("grid", left, f"{yy:.1f}", w - right, f"{yy:.1f}"),
+                text(left - 6, f"{yy + 4:.1f}", "end", label)]
+    for t in sorted({round(x_max * i / 4) for i in range(5)}):
+        out += [line("axis", x(t), bottom, x(t), bottom + 4), text(x(t), height - 22, "middle", t)]
+    out += [line("axis", left, top, left, bottom), line("axis", left, bottom, w - right, bottom),
+            line("tie", left, yt, w - right, yt),
+            text(w - right - 4, f"{y(NEAR_TIE_NATS) - 5:.1f}", "end",
+                 f"near-tie threshold {NEAR_TIE_NATS:g} nats", "tie-label"),
+            text(14, mid, "middle", "margins added (nats)", transform=f"rotate(-90 14 {mid})")]
+    if needs_strip:
+        out += [text(left - 6, strip + 4, "end", "no margin"), line("grid", left, strip, w - right, strip)]
+    out.append(text(f"{(left + w - right) / 2:.0f}", height - 4, "middle",
+                    f"token index of the first difference (0 to {x_max})"))
     for p in placed:
         token = _token(p) or 0
         cls = f"pt-{_KIND_CLASS[p.kind[0]] if p.kind else 'new'}"
         cm, rm = _margins(p)
-        xx = x(token)
         title = f"{p.label}: token {token}"
         d = p.record.divergence
         if cm is not None and rm is not None and d is not None:
             title += f", margin {cm:.4g} (cache) and {rm:.4g} (recompute) nats: {d.kind}"
-            marks = f'<circle class="{cls}" cx="{xx:.1f}" cy="{y(cm + rm):.1f}" r="4.5"/>'
-
+            mark = h("circle", {"class": cls, "cx": x(token), "cy": f"{y(cm + rm):.1f}", "r": "4.5"})
         else:
             title += ", no logprob margins"
-            marks = (f'<path class="{cls}" d="M{xx:.1f} {strip - 6} l5 6 l-5 6 l-5 -6 z"/>')
-        out.append(f'<a href="#{p.anchor}"><title>{_plain(title)}</title>{marks}</a>')
-    out.append("</svg>")
+            mark = h("path", {"class": cls, "d": f"M{x(token)} {strip - 6} l5 6 l-5 6 l-5 -6 z"})
+        out.append(h("a", {"href": f"#{p.anchor}"}, h("title", {}, title), mark))
+    svg = h("svg", {"class": "chart", "id": f"chart{suffix}", "xmlns": "http://www.w3.org/2000/svg",
+                    "viewBox": f"0 0 {w} {height}", "width": w, "height": height, "role": "img",
+                    "aria-label": "token index and logprob margin of each divergence"}, out)
     kinds = sorted({p.kind[0] for p in placed if p.kind}, key=list(_KIND_CLASS).index)
-    legend = (", ".join(f'<span class="key {_KIND_CLASS[k]}"></span> {_e(k)}' for k in kinds)
-              + f". Each mark is one divergence: how far the paths' two best tokens would have to move to swap "
-              f"(the top-1 minus top-2 margins of both paths added). On or under the dashed line ("
-              f"{NEAR_TIE_NATS:g} nats) they were nearly tied: rounding alone can swap them. Far above it the "
-              "paths computed different numbers. Each mark links to its probe.")
+    legend = [join((join([h("span", {"class": f"key {_KIND_CLASS[k]}"}), f" {k}"]) for k in kinds), ", "),
+              # Markup: the page has always carried its apostrophe unescaped
+              Markup(". Each mark is one divergence: how far the paths' two best tokens would have to "
+                     "move to swap (the top-1 minus top-2 margins of both paths added). On or under the "
+                     f"dashed line ({NEAR_TIE_NATS:g} nats) they were nearly tied: rounding alone can swap "
+                     "them. Far above it the paths computed different numbers. Each mark links to its "
+                     "probe.")]
     if unplaced:
-        legend += " Not placed (no token index): " + ", ".join(
-            f'<a href="#{p.anchor}">{_e(p.label)}</a>' for p in unplaced) + "."
-    return (f'<figure class="chart"><h3>Where the answers parted</h3>{"".join(out)}'
-            f"<figcaption>{legend}</figcaption></figure>")
+        legend += [" Not placed (no token index): ",
+                   join((h("a", {"href": f"#{p.anchor}"}, p.label) for p in unplaced), ", "), "."]
+    return h("figure", {"class": "chart"}, h("h3", {}, "Where the answers parted"), svg,
+             h("figcaption", {}, legend))
 
 
 # --------------------------------------------------------------------------- comparisons
@@ -441,60 +402,58 @@ MAX_ROWS = 500
 
 def _comparison_section(c: Comparison, anchors: Dict[str, str], *, title: str, ident: str,
                         before: str = "baseline", after: str = "now", note: Optional[str] = None,
-                        before_anchors: Optional[Dict[str, str]] = None, unit: str = "probe") -> str:
+                        before_anchors: Optional[Dict[str, str]] = None, unit: str = "probe") -> Markup:
     """A comparison: verdict, McNemar p, rates, notes, counts and the rows ("still same" folded).
 
     ``anchors`` (probe id -> anchor) links each row's id to the probe, ``before_anchors`` its
     before-outcome to the other run's probe (a matrix's reference target). ``ident`` is the section's
     element id (the rows table gets ``<ident>-rows``)."""
-    out = [f'<div class="comparison" id="{ident}"><h3>{_e(title)}</h3>',
-           f'<p>{_badge(c.verdict)} <span class="why">{_e(c.why)}</span> | exact McNemar p = '
-           f"{_e(format_p(c.mcnemar_p))}</p>"]
+    out = [h("h3", {}, title),
+           h("p", {}, _badge(c.verdict), " ", h("span", {"class": "why"}, c.why),
+             f" | exact McNemar p = {format_p(c.mcnemar_p)}")]
     if note:
-        out.append(f'<p class="why">{_e(note)}</p>')
+        out.append(h("p", {"class": "why"}, note))
     if c.baseline_created:
-        out.append(f'<p class="why">baseline written {_e(c.baseline_created)}</p>')
+        out.append(h("p", {"class": "why"}, f"baseline written {c.baseline_created}"))
     base = c.baseline_rate.text() if c.baseline_rate else "n/a (no valid probe)"
     cur = c.current_rate.text() if c.current_rate else "n/a (no valid probe)"
-    out.append(f"<p>divergence rate: {_e(before)} {_e(base)} &rarr; {_e(after)} {_e(cur)}</p>")
-    out += [f'<p class="warning">{_e(w)}</p>' for w in c.env_warnings]
-    counts = " | ".join(f"{_e(k)} <b>{v}</b>" for k, v in c.counts.items() if v)
+    out.append(h("p", {}, f"divergence rate: {before} {base} ", _RARR, f" {after} {cur}"))
+    out += [h("p", {"class": "warning"}, w) for w in c.env_warnings]
+    counts = _figures((k, v) for k, v in c.counts.items() if v)
     if counts:
-        out.append(f"<p>{counts}</p>")
+        out.append(h("p", {}, counts))
 
-    def rows_table(rows: Sequence[Any], table_id: str) -> str:
-        head = ("<th>before</th><th>after</th>" if (before, after) == ("baseline", "now")
-                else f"<th>{_e(before)}</th><th>{_e(after)}</th>")
+    def rows_table(rows: Sequence[Any], table_id: str) -> Markup:
+        labels = ("before", "after") if (before, after) == ("baseline", "now") else (before, after)
         body = []
         for r in rows[:MAX_ROWS]:  # the rows come most important first
-            link = f'<a href="#{anchors[r.id]}">{_e(r.id)}</a>' if r.id in anchors else _e(r.id)
-            was = _e(r.before or "-")
+            link = h("a", {"href": f"#{anchors[r.id]}"}, r.id) if r.id in anchors else r.id
+            was = r.before or "-"
             if before_anchors is not None and r.id in before_anchors and r.before:
-                was = f'<a href="#{before_anchors[r.id]}">{was}</a>'
-            body.append(f"<tr><td>{link}</td><td>{was}</td><td>{_e(r.after or '-')}</td>"
-                        f"<td>{_badge(r.status)}</td></tr>")
+                was = h("a", {"href": f"#{before_anchors[r.id]}"}, was)
+            body.append(h("tr", {}, h("td", {}, link), h("td", {}, was), h("td", {}, r.after or "-"),
+                          h("td", {}, _badge(r.status))))
         more = len(rows) - len(body)
-        tail = (f'<p class="why" id="{table_id}-more">and {counted(more, "more row")}: see the JSON report</p>'
-                if more else "")
-        return (f'<table class="grid" id="{table_id}"><tr><th>id</th>{head}<th>status</th></tr>'
-                + "".join(body) + "</table>" + tail)
+        tail = (h("p", {"class": "why", "id": f"{table_id}-more"},
+                  f"and {counted(more, 'more row')}: see the JSON report") if more else "")
+        head = h("tr", {}, h("th", {}, "id"), [h("th", {}, label) for label in labels], h("th", {}, "status"))
+        return join([h("table", {"class": "grid", "id": table_id}, head, body), tail])
 
     shown = [r for r in c.rows if r.status != STILL_SAME]
     same = [r for r in c.rows if r.status == STILL_SAME]
     if shown:
         out.append(rows_table(shown, f"{ident}-rows"))
     if same:
-        out.append(f"<details><summary>{counted(len(same), unit)} still same</summary>"
-                   f"{rows_table(same, f'{ident}-same-rows')}</details>")
+        out.append(h("details", {}, h("summary", {}, f"{counted(len(same), unit)} still same"),
+                     rows_table(same, f"{ident}-same-rows")))
     if not c.rows:
-        out.append('<p class="none">no probes in either run</p>')
-    out.append("</div>")
-    return "".join(out)
+        out.append(h("p", {"class": "none"}, "no probes in either run"))
+    return h("div", {"class": "comparison", "id": ident}, out)
 
 
 # --------------------------------------------------------------------------- one probe
 
-def _probe_article(p: _Probe) -> str:
+def _probe_article(p: _Probe) -> Markup:
     """One probe: its outcome (and tag), where it diverged, its reason and its turn-2 answers."""
     r = p.record
     cache, recompute, turn1 = r.cache_answer, r.recompute_answer, r.content("cache-1/turn-1")
@@ -505,68 +464,67 @@ def _probe_article(p: _Probe) -> str:
         at = first_difference(cache, recompute)
         if at is None and d is not None:
             at = d.char
-    kind_cls = f" k-{_KIND_CLASS[p.kind[0]]}" if p.kind else ""
-    out = [f'<article class="probe o-{r.outcome.value}{kind_cls}" id="{p.anchor}">',
-           f'<div class="probe-head"><h4>{_e(p.label)}</h4>{_badge(r.outcome.value)}']
+    head = [h("h4", {}, p.label), _badge(r.outcome.value), _badge(p.kind[0]) if p.kind else None,
+            h("span", {"class": "why"}, r.source) if r.source else None,
+            h("span", {"class": "why"}, f"{r.duration_s:.2f} s")]
+    out = [h("div", {"class": "probe-head"}, head)]
     if p.kind:
-        out.append(_badge(p.kind[0]))
-    if r.source:
-        out.append(f'<span class="why">{_e(r.source)}</span>')
-    out.append(f'<span class="why">{r.duration_s:.2f} s</span></div>')
-    if p.kind:
-        out.append(f'<p class="note why">{_e(p.kind[1])}</p>')
+        out.append(h("p", {"class": "note why"}, p.kind[1]))
     if r.outcome == Outcome.DIFFERENT:
-        out.append(f'<p class="divergence">{_divergence_text(r, at)}</p>')
+        out.append(h("p", {"class": "divergence"}, _divergence_text(r, at)))
     elif r.reason:
-        out.append(f'<pre class="reason">{_e(r.reason)}</pre>')
+        out.append(h("pre", {"class": "reason"}, r.reason))
     if r.outcome == Outcome.SAME and cache == recompute:
-        out.append(f'<div class="single"><h5>turn 2, both paths</h5>{_answer_html(cache, None)}</div>')
+        out.append(h("div", {"class": "single"}, h("h5", {}, "turn 2, both paths"),
+                     _answer_html(cache, None)))
     else:
-        out.append('<div class="pair">'
-                   f"<div><h5>turn 2, cache path</h5>{_answer_html(cache, at)}</div>"
-                   f"<div><h5>turn 2, recompute path</h5>{_answer_html(recompute, at)}</div></div>")
+        out.append(h("div", {"class": "pair"},
+                     h("div", {}, h("h5", {}, "turn 2, cache path"), _answer_html(cache, at)),
+                     h("div", {}, h("h5", {}, "turn 2, recompute path"), _answer_html(recompute, at))))
     if turn1 is not None:
-        out.append(f"<details><summary>turn-1 answer</summary>{_answer_html(turn1, None)}</details>")
-    out.append("</article>")
-    return "".join(out)
+        out.append(h("details", {}, h("summary", {}, "turn-1 answer"), _answer_html(turn1, None)))
+    kind_cls = f" k-{_KIND_CLASS[p.kind[0]]}" if p.kind else ""
+    return h("article", {"class": f"probe o-{r.outcome.value}{kind_cls}", "id": p.anchor}, out)
 
 
-def _divergence_text(r: ProbeRecord, at: Optional[int]) -> str:
+def _divergence_text(r: ProbeRecord, at: Optional[int]) -> Markup:
     d = r.divergence
     where = f"first difference at character {d.char if d is not None else at}"
     if d is None:
-        return _e(where)
+        return join([where])
     if d.token is not None:
         where += f" (token {d.token})"
-    text = _e(where)
+    text: List[Any] = [where]
     if d.cache_token is not None and d.recompute_token is not None:
-        text += (f": cache <code>{_e(repr(d.cache_token))}</code> vs recompute "
-                 f"<code>{_e(repr(d.recompute_token))}</code>")
+        text += [": cache ", h("code", {}, repr(d.cache_token)), " vs recompute ",
+                 h("code", {}, repr(d.recompute_token))]
     cm, rm = _finite(d.cache_margin), _finite(d.recompute_margin)
     if cm is not None and rm is not None:
-        text += f"; top-1 minus top-2 logprob margin {cm:.4f} (cache) and {rm:.4f} (recompute) nats"
+        text.append(f"; top-1 minus top-2 logprob margin {cm:.4f} (cache) and {rm:.4f} (recompute) nats")
         if d.kind:
-            text += f": <b>{_e(d.kind)}</b>"
-    return text
+            text += [": ", h("b", {}, d.kind)]
+    return join(text)
 
 
-def _probe_groups(probes: Sequence[_Probe], suffix: str) -> str:
+def _group(title: str, why: str, body: Sequence[Markup], folded: bool, ident: str = "") -> Markup:
+    """A group of probes or episodes: folded (the same ones) or under its heading."""
+    count = f"{title} ({len(body)})"
+    if folded:
+        return h("details", {"class": "group", "id": ident},
+                 h("summary", {}, f"{count}: ", h("span", {"class": "why"}, f"{why}; click to show")), body)
+    return join([h("h3", {"id": ident}, f"{count} ", h("span", {"class": "why"}, _NDASH, f" {why}")), body])
+
+
+def _probe_groups(probes: Sequence[_Probe], suffix: str) -> Markup:
     """The probes that matter, in order of importance, then the same ones folded."""
     if not probes:
-        return '<p class="none">no probe ran</p>'
+        return h("p", {"class": "none"}, "no probe ran")
     out = []
     for key, title, why in _GROUPS:
-        members = [p for p in probes if p.group == key]
-        if not members:
-            continue
-        body = "".join(_probe_article(p) for p in members)
-        if key == "same":
-            out.append(f'<details class="group" id="group-same{suffix}"><summary>{title} ({len(members)}): '
-                       f'<span class="why">{_e(why)}; click to show</span></summary>{body}</details>')
-        else:
-            out.append(f'<h3 id="group-{key}{suffix}">{title} ({len(members)}) <span class="why">'
-                       f"&ndash; {_e(why)}</span></h3>{body}")
-    return "".join(out)
+        members = [_probe_article(p) for p in probes if p.group == key]
+        if members:
+            out.append(_group(title, why, members, key == "same", f"group-{key}{suffix}"))
+    return join(out)
 
 
 # --------------------------------------------------------------------------- episodes
@@ -578,134 +536,116 @@ _EPISODE_GROUPS = (("different", "Changed trajectories", "the cache path and the
                    ("same", "Same trajectory", "both paths took the same trajectory"))
 
 
-def _step_cell(step: Optional[EpisodeStep], other: Optional[EpisodeStep], parted: bool) -> str:
+def _step_cell(step: Optional[EpisodeStep], other: Optional[EpisodeStep], parted: bool) -> Markup:
     if step is None:
-        return '<td><span class="none">(ended)</span></td>'
+        return h("td", {}, h("span", {"class": "none"}, "(ended)"))
     at = first_difference(step.content, other.content) if parted and other is not None else None
-    calls = "".join(f'<div class="call">&rarr; <code>{_e(c.name)}({_e(c.arguments)})</code></div>'
-                    for c in step.tool_calls)
-    text = _answer_html(step.content, at) if step.content or not calls else ""
-    counts = (f'<div class="why">prompt {step.prompt_tokens}, answer {step.completion_tokens}, cached '
-              f"{step.cached_tokens}</div>")
-    return f"<td>{text}{calls}{counts}</td>"
+    calls = [h("div", {"class": "call"}, _RARR, " ", h("code", {}, f"{c.name}({c.arguments})"))
+             for c in step.tool_calls]
+    text = _answer_html(step.content, at) if step.content or not calls else None
+    return h("td", {}, text, calls, h("div", {"class": "why"}, f"prompt {step.prompt_tokens}, answer "
+                                      f"{step.completion_tokens}, cached {step.cached_tokens}"))
 
 
-def _episode_article(e: EpisodeRecord, anchor: str) -> str:
-    out = [f'<article class="probe o-{e.outcome.value}" id="{anchor}">',
-           f'<div class="probe-head"><h4>{_e(e.key)}</h4>{_badge(e.outcome.value)}'
-           f'<span class="why">{_e(e.source)}</span><span class="why">{e.duration_s:.2f} s</span></div>']
+def _episode_article(e: EpisodeRecord, anchor: str) -> Markup:
+    out = [h("div", {"class": "probe-head"}, h("h4", {}, e.key), _badge(e.outcome.value),
+             h("span", {"class": "why"}, e.source), h("span", {"class": "why"}, f"{e.duration_s:.2f} s"))]
     if e.reason:
-        out.append(f'<pre class="reason">{_e(e.reason)}</pre>')
+        out.append(h("pre", {"class": "reason"}, e.reason))
     cache, recompute = e.path("cache-1"), e.path("recompute-1")
     if cache is not None and recompute is not None:
         parted = e.parting.step if e.parting is not None else None
-        rows = []
+        rows = [h("tr", {}, h("th", {}), h("th", {}, "cache path"), h("th", {}, "recompute path"))]
         for i in range(max(len(cache.steps), len(recompute.steps))):
             a = cache.steps[i] if i < len(cache.steps) else None
             b = recompute.steps[i] if i < len(recompute.steps) else None
             mark = i + 1 == parted
-            rows.append(f'<tr{_attr("class", "parted" if mark else "")}><th>step {i + 1}'
-                        f'{" (parted)" if mark else ""}</th>{_step_cell(a, b, mark)}{_step_cell(b, a, mark)}</tr>')
-        out.append('<table class="grid trajectory"><tr><th></th><th>cache path</th><th>recompute path</th></tr>'
-                   f'{"".join(rows)}</table>'
-                   f'<p class="why">cache path: {_e(cache.ended or "cut short")}; recompute path: '
-                   f'{_e(recompute.ended or "cut short")}</p>')
-    out.append("</article>")
-    return "".join(out)
+            rows.append(h("tr", {"class": "parted" if mark else None},
+                          h("th", {}, f"step {i + 1}{' (parted)' if mark else ''}"),
+                          _step_cell(a, b, mark), _step_cell(b, a, mark)))
+        out += [h("table", {"class": "grid trajectory"}, rows),
+                h("p", {"class": "why"}, f"cache path: {cache.ended or 'cut short'}; recompute path: "
+                                         f"{recompute.ended or 'cut short'}")]
+    return h("article", {"class": f"probe o-{e.outcome.value}", "id": anchor}, out)
 
 
-def _episodes_section(t: TargetReport, suffix: str) -> str:
+def _episodes_section(t: TargetReport, suffix: str) -> Markup:
     """A target's episodes: counts, the rate, where trajectories parted, the baseline comparison and each
     episode's two trajectories side by side, step by step, the parting step marked."""
     if t.episodes is None or t.episode_summary is None:
-        return ""
+        return Markup()
     s = t.episode_summary
-    out = [f'<h2 id="episodes{suffix}">Episodes ({len(t.episodes)})</h2>',
-           '<p class="why">Each episode is a multi-step conversation, tool calls included; each path feeds its '
-           "own answers forward, the cache path reusing the cache step by step, the recompute path computing "
-           "every step from scratch.</p>",
-           "<p>" + " | ".join(f"{k} <b>{v}</b>" for k, v in (
-               ("episodes", s.tally.probes), ("valid", s.tally.valid), ("same", s.tally.same),
-               ("changed", s.tally.different), ("inconclusive", s.tally.inconclusive),
-               ("errors", s.tally.errors))) + "</p>",
-           f"<p>{_rate_html(s.tally.rate, 'trajectory change rate', 'episode')}</p>"]
+    out = [h("h2", {"id": f"episodes{suffix}"}, f"Episodes ({len(t.episodes)})"),
+           h("p", {"class": "why"}, "Each episode is a multi-step conversation, tool calls included; each "
+             "path feeds its own answers forward, the cache path reusing the cache step by step, the "
+             "recompute path computing every step from scratch."),
+           h("p", {}, _figures((("episodes", s.tally.probes), ("valid", s.tally.valid),
+                                ("same", s.tally.same), ("changed", s.tally.different),
+                                ("inconclusive", s.tally.inconclusive), ("errors", s.tally.errors)))),
+           h("p", {}, _rate_html(s.tally.rate, "trajectory change rate", "episode"))]
     if s.parting_steps:
-        out.append("<p>first parting step: " + ", ".join(f"step {k}: <b>{v}</b>"
-                                                          for k, v in s.parting_steps.items()) + "</p>")
+        out.append(h("p", {}, "first parting step: ",
+                     _figures(((f"step {k}:", v) for k, v in s.parting_steps.items()), ", ")))
     anchors = {e.id: f"episode-{i}{suffix}" for i, e in enumerate(t.episodes)}
     if t.episode_baseline is not None:
         out.append(_comparison_section(t.episode_baseline, anchors, title="Baseline comparison of the episodes",
                                        ident=f"episode-baseline{suffix}", unit="episode"))
     for outcome, title, why in _EPISODE_GROUPS:
-        members = [(i, e) for i, e in enumerate(t.episodes) if e.outcome.value == outcome]
-        if not members:
-            continue
-        body = "".join(_episode_article(e, anchors[e.id]) for _, e in members)
-        if outcome == "same":
-            out.append(f'<details class="group"><summary>{title} ({len(members)}): <span class="why">{_e(why)}; '
-                       f"click to show</span></summary>{body}</details>")
-        else:
-            out.append(f'<h3>{title} ({len(members)}) <span class="why">&ndash; {_e(why)}</span></h3>{body}')
-    return "".join(out)
+        members = [_episode_article(e, anchors[e.id]) for e in t.episodes if e.outcome.value == outcome]
+        if members:
+            out.append(_group(title, why, members, outcome == "same"))
+    return join(out)
 
 
 # --------------------------------------------------------------------------- the page's parts
 
-def _verdict_box(report: RunReport, probes: Dict[Optional[str], List[_Probe]]) -> str:
+def _verdict_box(report: RunReport, probes: Dict[Optional[str], List[_Probe]]) -> Markup:
     s = report.summary
     ok = passed(s.status)
-    out = [f'<div class="verdict {"pass" if ok else "fail"}" id="verdict">{_word(s.status)}'
-           f'{_badge(s.status.value)} <span class="why-text">{_e(s.why)}</span>']
+    out = [_word(s.status), _badge(s.status.value), " ", h("span", {"class": "why-text"}, s.why)]
     if ok and s.exit_status:
-        out.append(f'<p class="why">pytest itself exited with status {s.exit_status} (other tests failed or '
-                   f"errored)</p>")
+        out.append(h("p", {"class": "why"}, f"pytest itself exited with status {s.exit_status} (other tests "
+                                            "failed or errored)"))
     if report.matrix:
-        lines = []
-        for i, t in enumerate(report.targets):
-            lines.append(f'<li id="verdict-{i}">{_word(t.summary.status)}<a href="#target-{i}">'
-                         f"{_e(t.name)}</a> {_badge(t.summary.status.value)} "
-                         f'<span class="why">{_e(t.summary.why)}</span>{_matter(probes[t.name])}</li>')
-        out.append(f"<ul>{''.join(lines)}</ul>")
+        out.append(h("ul", {}, (h("li", {"id": f"verdict-{i}"}, _word(t.summary.status),
+                                  h("a", {"href": f"#target-{i}"}, t.name), " ",
+                                  _badge(t.summary.status.value), " ",
+                                  h("span", {"class": "why"}, t.summary.why), _matter(probes[t.name]))
+                                for i, t in enumerate(report.targets))))
     else:
         out.append(_matter(probes[None], block=True))
-    out.append("</div>")
-    return "".join(out)
+    return h("div", {"class": f"verdict {'pass' if ok else 'fail'}", "id": "verdict"}, out)
 
 
-def _matter(probes: Sequence[_Probe], block: bool = False) -> str:
+def _matter(probes: Sequence[_Probe], block: bool = False) -> Markup:
     """Links to the probes that matter: new divergences, errors, expected divergences, inconclusive."""
     parts = []
     titles = {key: title for key, title, _ in _GROUPS}
     for key in ("new", "errors", "expected", "inconclusive"):
         members = [p for p in probes if p.group == key]
         if members:
-            title = titles[key].lower()
-            links = ", ".join(f'<a href="#{p.anchor}">{_e(p.label)}</a>' for p in members[:12])
+            links = join((h("a", {"href": f"#{p.anchor}"}, p.label) for p in members[:12]), ", ")
             more = f" and {len(members) - 12} more" if len(members) > 12 else ""
-            parts.append(f"{title} ({len(members)}): {links}{more}")
+            parts.append(join([f"{titles[key].lower()} ({len(members)}): ", links, more]))
     if not parts:
-        return ""
-    return f'<p>{"; ".join(parts)}</p>' if block else f'<br><span class="why">{"; ".join(parts)}</span>'
+        return Markup()
+    text = join(parts, "; ")
+    return h("p", {}, text) if block else join([h("br"), h("span", {"class": "why"}, text)])
 
 
-def _counts(summary: Summary, with_ids: bool) -> str:
+def _counts(summary: Summary, with_ids: bool) -> Markup:
     t = summary.tally
     values = (("probes", t.probes), ("valid", t.valid), ("same", t.same), ("different", t.different),
               ("inconclusive", t.inconclusive), ("errors", t.errors))
     if with_ids:
-        boxes = "".join(f'<div class="count" id="count-{k}"><b class="num">{v}</b>{k}</div>'
-                        for k, v in values)
-        return f'<div class="counts">{boxes}</div>'
-    return "<p>" + " | ".join(f"{k} <b>{v}</b>" for k, v in values) + "</p>"
+        return h("div", {"class": "counts"}, (h("div", {"class": "count", "id": f"count-{k}"},
+                                                h("b", {"class": "num"}, v), k) for k, v in values))
+    return h("p", {}, _figures(values))
 
 
-def _summary_warnings(s: Summary) -> str:
-    out = ""
-    if s.not_run:
-        out += f'<p class="warning">not run: {_e(", ".join(s.not_run))}</p>'
-    if s.recompute_reuse_cause:
-        out += f'<p class="warning">{_e(s.recompute_reuse_cause)}</p>'
-    return out
+def _summary_warnings(s: Summary) -> Markup:
+    return join([h("p", {"class": "warning"}, "not run: " + ", ".join(s.not_run)) if s.not_run else None,
+                 h("p", {"class": "warning"}, s.recompute_reuse_cause) if s.recompute_reuse_cause else None])
 
 
 def _settings_text(settings: Dict[str, Any]) -> str:
@@ -716,26 +656,26 @@ def _settings_text(settings: Dict[str, Any]) -> str:
 
 
 def _written_by(report: RunReport) -> Tuple[str, str]:
-    return ("written by", _e(f"pytest-cachecheck {report.tool_version}".strip()
-                             + (f", {report.created}" if report.created else "")))
+    return ("written by", f"pytest-cachecheck {report.tool_version}".strip()
+            + (f", {report.created}" if report.created else ""))
 
 
-def _probe_set(report: RunReport) -> Tuple[str, str]:
+def _probe_set(report: RunReport) -> Tuple[str, Markup]:
     ps = report.probe_set
-    return ("probe set", _e(f"{ps.name} ({ps.count} probes)") + f" <code>{_e(ps.fingerprint)}</code>")
+    return ("probe set", join([f"{ps.name} ({ps.count} probes) ", h("code", {}, ps.fingerprint)]))
 
 
-def _setup_rows(t: TargetReport) -> List[Tuple[str, str]]:
+def _setup_rows(t: TargetReport) -> List[Tuple[str, Any]]:
     s = t.setup
-    rows: List[Tuple[str, str]] = []
+    rows: List[Tuple[str, Any]] = []
     url = _url_html(t.url)
     if url:
         rows.append(("url", url))
-    rows += [("mode", _e(s.mode or "?")), ("server", _e(_server_text(s.server)))]
+    rows += [("mode", s.mode or "?"), ("server", _server_text(s.server))]
     if s.nocache_server is not None:
-        rows.append(("recompute server", _e(_server_text(s.nocache_server))))
+        rows.append(("recompute server", _server_text(s.nocache_server)))
     if s.hit_tolerance is not None:
-        rows.append(("hit_tolerance", _e(f"raised to {s.hit_tolerance} for the server's cache blocks")))
+        rows.append(("hit_tolerance", f"raised to {s.hit_tolerance} for the server's cache blocks"))
     if s.setup_checks:
         rows.append(("setup checks", _list(s.setup_checks, "checks")))
     return rows
@@ -749,7 +689,7 @@ def _wrap(report: RunReport, probes: List[ProbeRecord], by_target: Dict[Optional
         by_target.setdefault(target.name, []).append(_Probe(r, f"probe-{i}", r.key, kind))
 
 
-def _render_single(report: RunReport, probes: List[_Probe]) -> List[str]:
+def _render_single(report: RunReport, probes: List[_Probe]) -> List[Markup]:
     t = report.targets[0]
     s = report.summary
     anchors: Dict[str, str] = {}
@@ -758,67 +698,66 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[str]:
     only_episodes = not probes and bool(t.episodes)
     parts = [_verdict_box(report, {None: probes})]
     if not only_episodes:
-        parts += ["<h2>Summary</h2>", _counts(s, True), f'<p id="rate">{_rate_html(s.rate)}</p>',
+        parts += [h("h2", {}, "Summary"), _counts(s, True), h("p", {"id": "rate"}, _rate_html(s.rate)),
                   _summary_warnings(s)]
     parts += [_setup_warnings(t.setup.setup_warnings, ""), _chart(probes, report.settings.get("max_tokens"), "")]
     if t.baseline is not None:
         parts.append(_comparison_section(t.baseline, anchors, title="Baseline comparison", ident="baseline"))
     if not only_episodes:
-        parts += [f'<h2 id="probes">Probes ({len(probes)})</h2>', _probe_groups(probes, "")]
+        parts += [h("h2", {"id": "probes"}, f"Probes ({len(probes)})"), _probe_groups(probes, "")]
     parts.append(_episodes_section(t, ""))
     server = t.setup.server
-    rows = [("mode", _e(t.setup.mode or report.settings.get("mode") or "?")),
-            ("server", _e(_server_text(server)))]
+    rows: List[Tuple[str, Any]] = [("mode", t.setup.mode or report.settings.get("mode") or "?"),
+                                   ("server", _server_text(server))]
     if t.setup.nocache_server is not None:
-        rows.append(("recompute server", _e(_server_text(t.setup.nocache_server))))
-    rows.append(("model", _e((server.model if server else None) or "?")))  # never an unchecked option value
+        rows.append(("recompute server", _server_text(t.setup.nocache_server)))
+    rows.append(("model", (server.model if server else None) or "?"))  # never an unchecked option value
     url = _url_html(report.settings.get("url"))
     if url:
         rows.append(("url", url))
     if t.setup.hit_tolerance is not None:
-        rows.append(("hit_tolerance", _e(f"raised to {t.setup.hit_tolerance} for the server's cache blocks")))
-    rows += [_probe_set(report), ("settings", _e(_settings_text(report.settings))), _written_by(report)]
+        rows.append(("hit_tolerance", f"raised to {t.setup.hit_tolerance} for the server's cache blocks"))
+    rows += [_probe_set(report), ("settings", _settings_text(report.settings)), _written_by(report)]
     if t.setup.setup_checks:
         rows.append(("setup checks", _list(t.setup.setup_checks, "checks")))
-    parts += ["<h2>Run</h2>", _kv_table(rows, "run")]
+    parts += [h("h2", {}, "Run"), _kv_table(rows, "run")]
     return parts
 
 
-def _targets_table(report: RunReport) -> str:
+def _targets_table(report: RunReport) -> Markup:
     ref = str(report.targets[0].name)
     head = ("target", "verdict", "server", "mode", "valid", "same", "different", "inconclusive", "errors",
             "rate", "95% interval", f"vs {ref}")
     nums = {"valid", "same", "different", "inconclusive", "errors", "rate"}
+    cls = {col: "num" if col in nums else "nowrap" if col == "95% interval" else "" for col in head}
+    cls.update({"server": "server", "mode": "nowrap", f"vs {ref}": "vs"})
     rows = []
     for i, t in enumerate(report.targets):
         s, rate = t.summary, t.summary.rate
         interval = f"{rate.ci95[0]:.1%} to {rate.ci95[1]:.1%}" if rate else "n/a"
         if i == 0:
-            vs = '<span class="why">(reference)</span>'
+            vs = h("span", {"class": "why"}, "(reference)")
         elif t.vs_reference is None:
-            vs = '<span class="none">n/a</span>'
+            vs = h("span", {"class": "none"}, "n/a")
         else:
             c = t.vs_reference
-            vs = (f"{_badge(c.verdict)} {c.b} diverged only here, {c.c} only on {_e(ref)} "
-                  f"(McNemar p = {_e(format_p(c.mcnemar_p))})")
-        cells = [f'<a href="#target-{i}">{_e(t.name)}</a>', f"{_word(s.status)}{_badge(s.status.value)}",
-                 _e(_server_text(t.setup.server)), _e(t.setup.mode or "?")]
+            vs = join([_badge(c.verdict), f" {c.b} diverged only here, {c.c} only on {ref} "
+                                          f"(McNemar p = {format_p(c.mcnemar_p)})"])
         tl = s.tally
-        cells += [str(v) for v in (tl.valid, tl.same, tl.different, tl.inconclusive, tl.errors)]
-        cells += [_pct(rate.value if rate else None), interval, vs]
-        cls = {h: "num" if h in nums else "nowrap" if h == "95% interval" else "" for h in head}
-        cls.update({"server": "server", "mode": "nowrap", f"vs {ref}": "vs"})
-        rows.append(f'<tr id="targets-row-{i}">'
-                    + "".join(f"<td{_attr('class', cls[h])}>{c}</td>" for h, c in zip(head, cells)) + "</tr>")
-    header = "".join(f"<th{_attr('class', 'num' if h in nums else '')}>{_e(h)}</th>" for h in head)
-    return (f'<h2 id="targets">Targets ({len(report.targets)})</h2>'
-            f'<p class="why">Every probe ran on each target; each target is compared probe by probe with '
-            f"the first, {_e(ref)}, as with a baseline.</p>"
-            f'<div class="wide"><table class="grid" id="targets-table"><tr>{header}</tr>{"".join(rows)}'
-            "</table></div>")
+        cells = [h("a", {"href": f"#target-{i}"}, t.name), join([_word(s.status), _badge(s.status.value)]),
+                 _server_text(t.setup.server), t.setup.mode or "?", tl.valid, tl.same, tl.different,
+                 tl.inconclusive, tl.errors, _pct(rate.value if rate else None), interval, vs]
+        rows.append(h("tr", {"id": f"targets-row-{i}"}, (h("td", {"class": cls[col]}, c)
+                                                       for col, c in zip(head, cells))))
+    header = h("tr", {}, (h("th", {"class": "num" if col in nums else ""}, col) for col in head))
+    return join([h("h2", {"id": "targets"}, f"Targets ({len(report.targets)})"),
+                 h("p", {"class": "why"}, "Every probe ran on each target; each target is compared probe by "
+                   f"probe with the first, {ref}, as with a baseline."),
+                 h("div", {"class": "wide"},
+                   h("table", {"class": "grid", "id": "targets-table"}, header, rows))])
 
 
-def _probe_index(report: RunReport, by_target: Dict[Optional[str], List[_Probe]]) -> str:
+def _probe_index(report: RunReport, by_target: Dict[Optional[str], List[_Probe]]) -> Markup:
     """One row per probe id, one column per target: each outcome links to that probe."""
     names = [t.name for t in report.targets]
     ids = list(dict.fromkeys(p.record.id for n in names for p in by_target.get(n, [])))
@@ -826,24 +765,20 @@ def _probe_index(report: RunReport, by_target: Dict[Optional[str], List[_Probe]]
     for n in names:
         for p in by_target.get(n, []):
             cell.setdefault((n, p.record.id), p)
-    head = "".join(f"<th>{_e(n)}</th>" for n in names)
-    body = []
-    for pid in ids:
-        cells = []
-        for n in names:
-            hit = cell.get((n, pid))
-            if hit is None:
-                cells.append('<td><span class="none">-</span></td>')
-            else:
-                tag = _badge(hit.kind[0]) if hit.kind else ""
-                cells.append(f'<td><a href="#{hit.anchor}" title="{_plain(hit.label)}">'
-                             f"{_badge(hit.record.outcome.value)}{tag}</a></td>")
-        body.append(f"<tr><td>{_e(pid)}</td>{''.join(cells)}</tr>")
-    return (f'<h3 id="probe-index-title">Probes side by side</h3><table class="grid" id="probe-index">'
-            f'<tr><th>id</th>{head}</tr>{"".join(body)}</table>')
+
+    def td(hit: Optional[_Probe]) -> Markup:
+        if hit is None:
+            return h("td", {}, h("span", {"class": "none"}, "-"))
+        return h("td", {}, h("a", {"href": f"#{hit.anchor}", "title": hit.label},
+                             _badge(hit.record.outcome.value), _badge(hit.kind[0]) if hit.kind else None))
+
+    rows = [h("tr", {}, h("td", {}, pid), (td(cell.get((n, pid))) for n in names)) for pid in ids]
+    return join([h("h3", {"id": "probe-index-title"}, "Probes side by side"),
+                 h("table", {"class": "grid", "id": "probe-index"},
+                   h("tr", {}, h("th", {}, "id"), (h("th", {}, n) for n in names)), rows)])
 
 
-def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], List[_Probe]]) -> str:
+def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], List[_Probe]]) -> Markup:
     t, ref = report.targets[i], report.targets[0]
     probes = by_target.get(t.name, [])
     anchors: Dict[str, str] = {}
@@ -853,10 +788,9 @@ def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], Li
     for p in by_target.get(ref.name, []):
         ref_anchors.setdefault(p.record.id, p.anchor)
     s = t.summary
-    out = [f'<section class="target" id="target-{i}">',
-           f"<h2>Target {_e(t.name)}{' (reference)' if i == 0 else ''}</h2>",
-           f"<p>{_word(s.status)}{_badge(s.status.value)} <span class=\"why\">{_e(s.why)}</span></p>",
-           _counts(s, False), f"<p>{_rate_html(s.rate)}</p>", _summary_warnings(s),
+    out = [h("h2", {}, f"Target {t.name}{' (reference)' if i == 0 else ''}"),
+           h("p", {}, _word(s.status), _badge(s.status.value), " ", h("span", {"class": "why"}, s.why)),
+           _counts(s, False), h("p", {}, _rate_html(s.rate)), _summary_warnings(s),
            _setup_warnings(t.setup.setup_warnings, f"-{i}"),
            _chart(probes, report.settings.get("max_tokens"), f"-{i}")]
     if t.baseline is not None:
@@ -869,34 +803,41 @@ def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], Li
             before=str(ref.name), after=str(t.name), before_anchors=ref_anchors,
             note=(f"{ref.name} plays the baseline: newly diverged = differed only on {t.name}, healed = "
                   f"differed only on {ref.name}.")))
-    out += [f'<h3 id="probes-{i}">Probes on {_e(t.name)} ({len(probes)})</h3>',
+    out += [h("h3", {"id": f"probes-{i}"}, f"Probes on {t.name} ({len(probes)})"),
             _probe_groups(probes, f"-{i}"), _episodes_section(t, f"-{i}"),
-            f"<details><summary>setup of {_e(t.name)}</summary>{_kv_table(_setup_rows(t), f'setup-{i}')}"
-            "</details></section>"]
-    return "".join(out)
+            h("details", {}, h("summary", {}, f"setup of {t.name}"), _kv_table(_setup_rows(t), f"setup-{i}"))]
+    return h("section", {"class": "target", "id": f"target-{i}"}, out)
 
 
-def _render_matrix(report: RunReport, by_target: Dict[Optional[str], List[_Probe]]) -> List[str]:
+def _render_matrix(report: RunReport, by_target: Dict[Optional[str], List[_Probe]]) -> List[Markup]:
     s = report.summary
     warned = [(i, t) for i, t in enumerate(report.targets) if t.setup.setup_warnings]
-    parts = [_verdict_box(report, by_target), "<h2>Summary</h2>", _counts(s, True),
-             '<p id="rate">divergence rate: per target (a rate over several servers would mean nothing), see '
-             '<a href="#targets">Targets</a></p>', _summary_warnings(s)]
+    parts = [_verdict_box(report, by_target), h("h2", {}, "Summary"), _counts(s, True),
+             h("p", {"id": "rate"}, "divergence rate: per target (a rate over several servers would mean "
+               "nothing), see ", h("a", {"href": "#targets"}, "Targets")), _summary_warnings(s)]
     if warned:
-        parts.append('<p class="warning" id="setup-warnings">setup warnings on: ' + ", ".join(
-            f'<a href="#setup-warnings-{i}">{_e(t.name)} ({len(t.setup.setup_warnings)})</a>'
-            for i, t in warned) + "</p>")
+        parts.append(h("p", {"class": "warning", "id": "setup-warnings"}, "setup warnings on: ", join(
+            (h("a", {"href": f"#setup-warnings-{i}"}, f"{t.name} ({len(t.setup.setup_warnings)})")
+             for i, t in warned), ", ")))
     parts += [_targets_table(report), _probe_index(report, by_target)]
     parts += [_target_section(report, i, by_target) for i in range(len(report.targets))]
     targets = ", ".join(f"{t.name} ({display_url(t.url)})" if t.url else str(t.name) for t in report.targets)
     mode = f"per target (configured {report.settings.get('mode') or '?'})"
-    rows = [("targets", _e(targets)), ("mode", _e(mode)),
-            _probe_set(report), ("settings", _e(_settings_text(report.settings))), _written_by(report)]
-    parts += ["<h2>Run</h2>", _kv_table(rows, "run")]
+    rows = [("targets", targets), ("mode", mode),
+            _probe_set(report), ("settings", _settings_text(report.settings)), _written_by(report)]
+    parts += [h("h2", {}, "Run"), _kv_table(rows, "run")]
     return parts
 
 
 # --------------------------------------------------------------------------- the page
+
+# Markup: the page has always carried their apostrophe unescaped
+_INTRO = Markup("Each probe is a two-turn conversation; its turn-2 answer is computed once reusing the "
+                "server's prompt cache and once recomputed from scratch. A valid probe whose two answers "
+                "differ is a divergence: the highlighted text starts at the first differing character.")
+_INTRO_MATRIX = Markup(" This run is a target matrix: every probe ran on each target, and a probe is named "
+                       "&lt;probe id&gt;@&lt;target&gt;.")
+
 
 def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None) -> str:
     """The whole page for a run report; ``scrub`` (e.g. ``Redactor.scrub``) is applied to every string of
@@ -907,26 +848,21 @@ def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None)
     _wrap(report, report.probes, by_target)
     word = "PASS" if passed(report.summary.status) else "FAIL"
     title = f"pytest-cachecheck: {word} ({report.summary.status.value})"
-    intro = ("Each probe is a two-turn conversation; its turn-2 answer is computed once reusing "
-             "the server's prompt cache and once recomputed from scratch. A valid probe whose two answers "
-             "differ is a divergence: the highlighted text starts at the first differing character.")
-    if report.matrix:
-        title += " (target matrix)"
-        intro += (" This run is a target matrix: every probe ran on each target, and a probe is named "
-                  "&lt;probe id&gt;@&lt;target&gt;.")
+    title += " (target matrix)" if report.matrix else ""
     parts = [
-        "<!DOCTYPE html>",
-        '<html lang="en"><head><meta charset="utf-8">',
-        f'<meta http-equiv="Content-Security-Policy" content="{_CSP}">',
-        '<meta name="viewport" content="width=device-width, initial-scale=1">',
-        f"<title>{_plain(title)}</title><style>{_CSS}</style></head><body>",
-        "<h1>pytest-cachecheck report</h1>",
+        Markup("<!DOCTYPE html>"),
+        Markup('<html lang="en"><head><meta charset="utf-8">'),
+        h("meta", {"http-equiv": "Content-Security-Policy", "content": _CSP}),
+        h("meta", {"name": "viewport", "content": "width=device-width, initial-scale=1"}),
+        join([h("title", {}, title), h("style", {}, _CSS), Markup("</head><body>")]),
+        h("h1", {}, "pytest-cachecheck report"),
     ]
     body = (_render_matrix(report, by_target) if report.matrix
             else _render_single(report, by_target[report.targets[0].name]))
-    parts += body[:1] + [f'<p class="why" id="intro">{intro}</p>'] + body[1:]
-    parts.append('<p class="footer">Self-contained page written by pytest-cachecheck: no scripts, '
-                 "no external resources.</p></body></html>")
+    intro = h("p", {"class": "why", "id": "intro"}, _INTRO, _INTRO_MATRIX if report.matrix else None)
+    parts += body[:1] + [intro] + body[1:]
+    parts.append(join([h("p", {"class": "footer"}, "Self-contained page written by pytest-cachecheck: no "
+                           "scripts, no external resources."), Markup("</body></html>")]))
     return "\n".join(p for p in parts if p) + "\n"
 
 

@@ -1,5 +1,6 @@
 """The HTML page: the verdict line, probes in order of importance, expected divergences, the chart, a style
-for every status word, escaping, the divergence highlight, no credential leak, atomic writing, setup
+for every status word, the stylesheet shipped in the package, every text of the report escaped, the
+divergence highlight, no credential leak, atomic writing, setup
 warnings, the target-matrix page, and a real render in headless Chromium (skipped without chromium,
 except under CI where it must run)."""
 
@@ -12,8 +13,9 @@ import shutil
 import struct
 import subprocess
 import zlib
+from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Set, Tuple
 
 import pytest
 
@@ -80,7 +82,60 @@ def test_rate_uses_summary() -> None:
     assert "divergence rate <b>50.0%</b> (1 of 2 valid probes)" in page
 
 
-def test_conversation_text_is_escaped() -> None:
+#: text that would break out of an element or an attribute, and control and bidi characters
+HOSTILE = "<script>\"'><img src=x>\x1b\u202e"
+_CONTROL = '<span class="control" style="color: var(--severe); font-weight: 600">{}</span>'
+#: HOSTILE as the page shows it in text, and in an attribute or a <title> (no markup there)
+HOSTILE_TEXT = ("&lt;script&gt;&quot;&#x27;&gt;&lt;img src=x&gt;" + _CONTROL.format("\\x1b")
+                + _CONTROL.format("\\u202e"))
+HOSTILE_PLAIN = "&lt;script&gt;&quot;&#x27;&gt;&lt;img src=x&gt;\\x1b\\u202e"
+
+
+class _Tags(HTMLParser):
+    """The elements and attribute names of a page."""
+
+    def __init__(self, page: str) -> None:
+        super().__init__()
+        self.tags: Set[str] = set()
+        self.attributes: Set[str] = set()
+        self.feed(page)
+
+    def handle_starttag(self, tag: str, attrs: List[Tuple[str, Optional[str]]]) -> None:
+        self.tags.add(tag)
+        self.attributes |= {name for name, _ in attrs}
+
+
+def _everything(report: RunReport) -> RunReport:
+    """``report`` with setup warnings and checks, a recompute server, a summary warning and episodes (one
+    changed with a tool call, one the same) on each target."""
+    from pytest_cachecheck.model import (Divergence, EpisodeRecord, EpisodeStep, EpisodeSummary, Parting,
+                                         Path as Trajectory, ToolCall)
+
+    def path(name: str, second: str) -> Trajectory:
+        call = ToolCall("get_weather", '{"city": "Oslo"}')
+        return Trajectory(name, [EpisodeStep(1, "", [call], "tool_calls", 40, 12, 0),
+                                 EpisodeStep(2, second, [], "stop", 60, 9, 51)], "ran out")
+
+    report.summary.not_run = ["omitted-probe"]
+    report.summary.recompute_reuse_cause = "the recompute path reused the cache"
+    for t in report.targets:
+        t.setup.setup_warnings, t.setup.setup_checks = ["template drops reasoning"], ["chat template checked"]
+        t.setup.nocache_server = f.setup(kind="sglang").server
+        t.episodes = [EpisodeRecord("walk", "builtin:3", "sha256:w", Outcome.DIFFERENT, "parted at step 2",
+                                    Parting(2, "text", Divergence(6, 2, "a", "b"), 2, 2),
+                                    [path("cache-1", "rainy and warm"),
+                                     path("recompute-1", "rainy and cold")]),
+                      EpisodeRecord("chat", "builtin:1", "sha256:c", Outcome.SAME, "",
+                                    paths=[path("cache-1", "ok"), path("recompute-1", "ok")])]
+        t.episode_summary = EpisodeSummary.of(t.episodes)
+    return report
+
+
+def test_every_text_of_the_report_is_escaped() -> None:
+    """A script in the conversation, the model name and the verdict's why is text; then HOSTILE appended to
+    every string of the report (but the step and path names the page looks answers up by, and the settings'
+    names) comes out escaped wherever the page shows it: no element or attribute the page does not have
+    without it, no raw control or bidi character, every occurrence in its escaped form, field by field."""
     report = make_report([
         f.record(f"id-{SCRIPT}", "different", cache=f"same start {SCRIPT} tail",
                  recompute=f"same start {SCRIPT}"),
@@ -94,6 +149,44 @@ def test_conversation_text_is_escaped() -> None:
     assert f"vllm 0.34.0 | model {escaped}" in page and f'<span class="why-text">{escaped}</span>' in page
     # the answer that ends where the other goes on gets an explicit end marker
     assert '<mark class="end">(end of answer)</mark>' in page
+
+    records = [f.record("alpha-probe", "different", cache="Hello world, the answer is 42.",
+                        recompute="Hello world, the answer is 41.", margins=(0.02, 0.05)),
+               f.record("beta-probe", "different", cache="one", recompute="two"),
+               f.record("gamma-probe", "inconclusive", cache="x", recompute="y"),
+               f.record("delta-probe", "error", cache=None, recompute=None, reason="connection refused"),
+               f.record("same-probe", "same")]
+    before = f.baseline([f.record("beta-probe", "different", cache="one", recompute="two"),
+                         f.record("alpha-probe", "same"), f.record("gone-probe", "same")])
+    single = _everything(make_report(records, baselines={None: before}))
+    matrix_ = _everything(matrix(warnings_b=["template drops reasoning"], baselines={"b": before}))
+    for report in (single, matrix_):
+        keep = set(report.settings) | {"cache-1", "recompute-1", "cache-1/turn-1", "cache-1/turn-2",
+                                       "recompute-1/turn-2"}
+        page = render_html(report, scrub=lambda s: s if s in keep else s + HOSTILE)
+        clean = _Tags(render_html(report))
+        shown = _Tags(page)
+        assert shown.tags <= clean.tags and shown.attributes <= clean.attributes | {"style"}  # (_CONTROL)
+        assert "<img" not in page and "<script" not in page.lower()
+        assert "\x1b" not in page and "\u202e" not in page
+        assert page.count("img src=x") == page.count("&gt;&lt;img src=x&gt;") > 20
+        # the fields, one by one (a field the page stopped showing, or showed otherwise, fails here)
+        t = report.targets[-1]
+        assert t.setup.server is not None and t.setup.nocache_server is not None
+        fields = [report.summary.why, t.summary.why, "omitted-probe", "the recompute path reused the cache",
+                  "template drops reasoning", "chat template checked", t.setup.server.model,
+                  t.setup.nocache_server.model, "<mark>2.", "<mark>1.", "turn one", report.probe_set.name,
+                  report.probe_set.fingerprint, "gone-probe", "walk", "builtin:3", "parted at step 2",
+                  "get_weather", "{&quot;city&quot;: &quot;Oslo&quot;}", "<mark>warm", "<mark>cold",
+                  "ran out"]
+        if report.matrix:
+            fields += ["Target a", "Target b", f"b{HOSTILE_TEXT} vs a"]
+            assert 'title="alpha-probe' + HOSTILE_PLAIN + "@b" + HOSTILE_PLAIN in page  # the probe index
+        else:
+            fields += ["connection refused", "<h4>beta-probe", "<h4>delta-probe", ">test:1"]
+            assert "<title>alpha-probe" + HOSTILE_PLAIN + ": token" in page  # the chart's mark
+        for field in fields:
+            assert field + HOSTILE_TEXT in page, field
 
 
 def test_highlight_starts_at_the_divergence() -> None:
@@ -298,6 +391,25 @@ def test_every_status_word_has_a_style() -> None:
     report.targets[0].baseline.rows[0].status = "made up <b>"
     page = render_html(report)
     assert '<span class="badge b-unknown">made up &lt;b&gt;</span>' in page
+
+
+def test_the_page_inlines_the_stylesheet_of_the_package() -> None:
+    """The page's <style> is the package's data/report.css (shipped as package data, so it is there in an
+    installed wheel too), its badge marker replaced by one colour rule per family: nothing else, nothing
+    fetched."""
+    from importlib.resources import files
+
+    css = files("pytest_cachecheck").joinpath("data").joinpath("report.css").read_text(encoding="utf-8")
+    marker = re.search(r"/\* @BADGES@[^*]*\*/\n", css)
+    assert marker is not None and css.count("@BADGES@") == 1
+    for page in (render_html(sample()), render_html(matrix())):
+        style = page[page.index("<style>") + len("<style>"):page.index("</style>")]
+        head, tail = "\n" + css[:marker.start()], css[marker.end():]
+        assert style.startswith(head) and style.endswith(tail) and page.count("<style>") == 1
+        badges = style[len(head):len(style) - len(tail)].splitlines()
+        assert len(badges) == 7 and all(re.fullmatch(r"\.b-[a-z0-9-]+(, \.b-[a-z0-9-]+)* "
+                                                     r"\{ background: var\(--[a-z]+\); \}", b) for b in badges)
+    assert "url(" not in css and "@import" not in css  # nothing for the page to fetch
 
 
 def test_probes_in_order_of_importance_same_ones_folded() -> None:
