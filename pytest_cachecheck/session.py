@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 from .errors import ConfigError, ModelChoiceError, RequestError, ServerSetupError
 from .model import ProbeSet, record_key
@@ -28,7 +28,8 @@ class CheckSession:
 
     def __init__(self, settings: Settings, probes: List[Probe], probe_set: ProbeSet,
                  baselines: Dict[Optional[str], "Baseline"], served: Optional["Served"] = None,
-                 episodes: Optional[List["Episode"]] = None) -> None:
+                 episodes: Optional[List["Episode"]] = None,
+                 server_kinds: Callable[[], Iterable[Any]] = tuple) -> None:
         from .protocol import Runner
 
         self.settings = settings
@@ -52,7 +53,7 @@ class CheckSession:
         self.runners: Dict[Optional[str], Runner] = {}
         for name, url in settings.targets or ((None, settings.url),):
             own = settings if name is None else dataclasses.replace(settings, url=url)
-            self.runners[name] = Runner(own, self.redactor)
+            self.runners[name] = Runner(own, self.redactor, server_kinds)
 
     @property
     def targets(self) -> List[Optional[str]]:
@@ -120,14 +121,16 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, served_url: Optional[st
                  other_outputs: Optional[Mapping[str, Optional[str]]] = None,
                  probes: Optional[List[Probe]] = None,
                  baseline_different: Optional[Dict[str, Dict[str, str]]] = None,
-                 episodes: Optional[List["Episode"]] = None) -> Optional[CheckSession]:
+                 episodes: Optional[List["Episode"]] = None,
+                 server_kinds: Callable[[], Iterable[Any]] = tuple) -> Optional[CheckSession]:
     """The session for these raw option values (command line over ini over environment), or None when
     no server is given (the plugin stays off). ``served_url``: the server the controller started, on a
     worker; ``start_server``: how the controller starts ``--cachecheck-serve``'s server, once all else is
     valid; ``other_outputs``: files other plugins write, by option (no output may be another's file);
     ``probes`` and ``baseline_different``: what a worker's controller read from the probe files and the
     baseline (a worker may not be able to read them again: a pipe is the controller's), instead of the
-    files. Raises ConfigError."""
+    files; ``server_kinds``: calls the ``pytest_cachecheck_server_kinds`` hook (when the servers are detected,
+    so that a plugin registered after this session still counts). Raises ConfigError."""
     serving = bool(raw.get("serve"))
     if serving:
         if raw.get("url") or raw.get("nocache_url") or raw.get("target"):
@@ -165,7 +168,7 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, served_url: Optional[st
         assert settings.serve is not None
         served = start_server(settings.serve, settings.server_args)
         settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))
-    session = CheckSession(settings, probes, probe_set, baselines, served, episodes)
+    session = CheckSession(settings, probes, probe_set, baselines, served, episodes, server_kinds)
     session.known_different = baseline_different
     return session
 
