@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import pytest
 
-from . import _collect, _items
+from . import _collect, _items, hookspecs
 from ._api import EPISODE_RECORD, RECORD, STATE, CacheCheck, State, measure_item
 from ._collect import Role
 from .episodes import Episode
@@ -44,6 +44,10 @@ def _argv() -> List[str]:
         return shlex.split(os.environ.get("PYTEST_ADDOPTS", "")) + sys.argv[1:]
     except ValueError:
         return sys.argv[1:]
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -78,7 +82,8 @@ def pytest_configure(config: pytest.Config) -> None:
                                own_replica=lambda s: _collect.own_replica(
                                    s, _collect.worker_id(config), getattr(config.option, "numprocesses", None)),
                                other_outputs={"--junitxml": _junitxml(config),
-                                              "--json-report-file": _json_report_file(config)})
+                                              "--json-report-file": _json_report_file(config)},
+                               server_kinds=lambda: config.hook.pytest_cachecheck_server_kinds(config=config))
     except ConfigError as exc:
         raise pytest.UsageError(f"cachecheck: {exc}") from None
     if session is None:

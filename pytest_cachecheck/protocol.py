@@ -22,9 +22,9 @@ anatomy (token index, both tokens, both margins) never rests on a changed answer
 from __future__ import annotations
 
 import time
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
-from .clients import ChatClient, Reply
+from .clients import ChatClient, Reply, plugin_kinds
 from .clients.base import TokenLogprob
 from .errors import RequestError, ServerSetupError, WrongModel
 from .model import Checks, Divergence, EpisodeStep, HitCheck, Outcome, ProbeRecord
@@ -106,9 +106,12 @@ def impossible_counts(reply: Union[Reply, EpisodeStep]) -> List[str]:
 class Runner:
     """Runs probes against the configured server(s): resolves and checks the setup once, then measures."""
 
-    def __init__(self, settings: Settings, redactor: Optional[Redactor] = None) -> None:
+    def __init__(self, settings: Settings, redactor: Optional[Redactor] = None,
+                 server_kinds: Callable[[], Iterable[Any]] = tuple) -> None:
         __tracebackhide__ = True  # ``url`` may hold credentials
         self.settings = settings
+        #: the ``pytest_cachecheck_server_kinds`` hook's results, asked for when the servers are detected
+        self.server_kinds = server_kinds
         self.redactor = redactor or Redactor()
         self.redactor.add(settings.api_key)
         for url in (settings.url, settings.nocache_url, *settings.replicas):
@@ -119,7 +122,8 @@ class Runner:
     # -- set-up -----------------------------------------------------------------------------------
     def prepare(self, *, send: bool = True) -> ServerSetup:
         """Detect the servers, resolve the mode and check the setup, once. Raises RequestError or
-        ServerSetupError (again on every later call).
+        ServerSetupError (again on every later call), and ConfigError when the server kinds hook returned
+        something other than client classes.
 
         ``send=False`` stops before the checks that send chat requests (an xdist controller, whose
         workers may already be probing the server, must not send any); they run on the next call with
@@ -129,7 +133,7 @@ class Runner:
             raise self._setup_error
         try:
             if self.setup is None:
-                self.setup = resolve(self.settings, self.redactor)
+                self.setup = resolve(self.settings, self.redactor, plugin_kinds(self.server_kinds()))
             if send and not self.setup.checked:
                 self.setup.check(self.settings.skip_hit_check)
         except (RequestError, ServerSetupError) as exc:

@@ -6,7 +6,7 @@ setup would spoil the measurement (then every probe of it errors with the fix na
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import List, Optional, Sequence, Type
 
 from .checks import run_checks
 from .clients import ChatClient, Http, detect_server
@@ -67,11 +67,11 @@ def problems(mode: str, cache: ChatClient, nocache: Optional[ChatClient]) -> Lis
     return found
 
 
-def resolve(settings: Settings, redactor: Redactor) -> ServerSetup:
-    """Detect the servers and resolve the mode and tolerance. Sends nothing that generates. Raises
-    RequestError or ServerSetupError."""
+def resolve(settings: Settings, redactor: Redactor, kinds: Sequence[Type[ChatClient]] = ()) -> ServerSetup:
+    """Detect the servers (``kinds``: a plugin's client classes, tried first) and resolve the mode and
+    tolerance. Sends nothing that generates. Raises RequestError or ServerSetupError."""
     s = settings
-    cache = detect_server(_http(s, s.url, redactor), s.model)
+    cache = detect_server(_http(s, s.url, redactor), s.model, kinds=kinds)
     mode = s.mode
     if mode == "auto":
         mode = "llama.cpp" if cache.kind == "llama.cpp" else "one-server"
@@ -84,7 +84,8 @@ def resolve(settings: Settings, redactor: Redactor) -> ServerSetup:
     nocache = None
     if mode == "two-servers":
         assert s.nocache_url is not None
-        nocache = detect_server(_http(s, s.nocache_url, redactor), s.model, prefer=cache.info.model)
+        nocache = detect_server(_http(s, s.nocache_url, redactor), s.model, prefer=cache.info.model,
+                                kinds=kinds)
     found = problems(mode, cache, nocache)
     tolerance = s.hit_tolerance
     block = cache.block_size()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 from .errors import ConfigError, ModelChoiceError, RequestError, ServerSetupError
 from .model import ProbeSet, record_key
@@ -29,7 +29,8 @@ class CheckSession:
 
     def __init__(self, settings: Settings, probes: List[Probe], probe_set: ProbeSet,
                  baselines: Dict[Optional[str], "Baseline"], served: Optional["Served"] = None,
-                 episodes: Optional[List["Episode"]] = None) -> None:
+                 episodes: Optional[List["Episode"]] = None,
+                 server_kinds: Callable[[], Iterable[Any]] = tuple) -> None:
         from .protocol import Runner
 
         self.settings = settings
@@ -53,7 +54,7 @@ class CheckSession:
         self.runners: Dict[Optional[str], Runner] = {}
         for name, url in settings.targets or ((None, settings.url),):
             own = settings if name is None else dataclasses.replace(settings, url=url)
-            self.runners[name] = Runner(own, self.redactor)
+            self.runners[name] = Runner(own, self.redactor, server_kinds)
 
     @property
     def targets(self) -> List[Optional[str]]:
@@ -118,14 +119,16 @@ class CheckSession:
 def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Handoff"] = None,
                  start_server: Optional[Callable[[str, Optional[str]], "Served"]] = None,
                  own_replica: Callable[[Settings], Settings] = lambda s: s,
-                 other_outputs: Optional[Mapping[str, Optional[str]]] = None) -> Optional[CheckSession]:
+                 other_outputs: Optional[Mapping[str, Optional[str]]] = None,
+                 server_kinds: Callable[[], Iterable[Any]] = tuple) -> Optional[CheckSession]:
     """The session for these raw option values (command line over ini over environment), or None when
     no server is given (the plugin stays off). ``handoff``: on an xdist worker, what its controller read and
     started (the probes, episodes, the baseline's known divergences, the served server), used instead of the
     files (a worker may not be able to read them again: a pipe is the controller's); ``start_server``: how
     the controller starts ``--cachecheck-serve``'s server, once all else is valid; ``own_replica``: the
     replica this process measures on; ``other_outputs``: files other plugins write, by option (no output may
-    be another's file). Raises ConfigError."""
+    be another's file); ``server_kinds``: calls the ``pytest_cachecheck_server_kinds`` hook (when the servers
+    are detected, so that a plugin registered after this session still counts). Raises ConfigError."""
     probes = list(handoff.probes) if handoff is not None else None
     episodes = list(handoff.episodes) if handoff is not None else None
     served_url = handoff.served_url if handoff is not None else None
@@ -166,7 +169,7 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Hand
         assert settings.serve is not None
         served = start_server(settings.serve, settings.server_args)
         settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))
-    session = CheckSession(settings, probes, probe_set, baselines, served, episodes)
+    session = CheckSession(settings, probes, probe_set, baselines, served, episodes, server_kinds)
     session.known_different = handoff.known_different if handoff is not None else None
     return session
 

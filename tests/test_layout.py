@@ -1,5 +1,6 @@
-"""The package's layout holds: only the pytest glue imports pytest (or the glue), and no two modules import
-each other, directly or through others (imports inside functions count, ``TYPE_CHECKING`` ones do not)."""
+"""The package's layout holds: only the pytest glue imports pytest (or the glue), no two modules import
+each other, directly or through others (imports inside functions count, ``TYPE_CHECKING`` ones do not),
+and the package itself and its hook specs import nothing else of the package when they are imported."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Dict, List, Set
 
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_cachecheck"
-GLUE = {"plugin", "reporter", "_collect", "_items", "_api"}
+GLUE = {"plugin", "reporter", "_collect", "_items", "_api", "hookspecs"}
 
 
 def _name(path: Path) -> str:
@@ -56,6 +57,12 @@ def test_only_the_glue_imports_pytest():
     graph = _graph()
     leaning = sorted(m for m, deps in graph.items() if m not in GLUE and deps & GLUE)
     assert leaning == []
+
+
+def test_the_package_and_the_hookspecs_import_nothing_of_the_package():
+    # the package's names are imported on first use (its __getattr__), the hook specs only name types
+    assert _imports(PACKAGE / "__init__.py") <= {"__future__", "importlib", "typing"}
+    assert _imports(PACKAGE / "hookspecs.py") <= {"__future__", "typing", "pytest"}
 
 
 def test_no_import_cycle():
