@@ -38,8 +38,10 @@ class SlotServer:
     ``tool_choice: required`` (or a named tool) answers with a call."""
 
     def __init__(self, diverge: Callable[[int, int], bool] = lambda step, cached: False,
-                 rerender_calls: bool = True, recompute_reuses: bool = False, empty_at: int = 0) -> None:
+                 rerender_calls: bool = True, recompute_reuses: bool = False, empty_at: int = 0,
+                 arguments: Callable[[str], str] = lambda word: json.dumps({"city": word})) -> None:
         self.slot: List[str] = []
+        self.arguments = arguments  # a call's arguments text, from the word the prompt chose
         self.empty_at = empty_at  # the step whose answer is empty (only the end token)
         self.diverge = diverge
         self.rerender_calls = rerender_calls
@@ -74,7 +76,7 @@ class SlotServer:
             seed += 7
         if tools and tool_choice not in (None, "auto", "none"):
             name = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else tools[0]["function"]["name"]
-            args = json.dumps({"city": WORDS[seed % len(WORDS)]})
+            args = self.arguments(WORDS[seed % len(WORDS)])
             answer = [f"<call:{name}>", args]
             reply = Reply("", "tool_calls", len(prompt), len(answer) + 1, cached, tool_calls=[(name, args)])
         else:
@@ -138,6 +140,39 @@ def test_tool_results_answer_by_exact_arguments():
         {**e.to_json(), "id": "other"}, path="x", line=9, default_id="y").fingerprint
 
 
+def test_keys_go_out_in_the_file_order_and_the_fingerprint_ignores_the_order():
+    """What is sent keeps the file's key order (a chat template renders keys in the order it gets them);
+    the fingerprint and the matching of a call's arguments to a case do not depend on it."""
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {
+        "type": "object", "required": ["zone", "city"], "properties": {"zone": {"type": "string"},
+                                                                       "city": {"type": "string"}}}}}
+    results = {"get_weather": {"cases": [{"arguments": {"zone": "A", "city": "Oslo"}, "result": "rain"}]}}
+    e = episode(tools=[tool], tool_results=results)
+    assert json.dumps(e.tool_schemas()) == json.dumps([tool])  # order-sensitive: byte for byte
+    assert e.result("get_weather", '{"city": "Oslo", "zone": "A"}') == "rain"
+
+    def reordered(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {k: reordered(obj[k]) for k in reversed(list(obj))}
+        return [reordered(v) for v in obj] if isinstance(obj, list) else obj
+    other = episode(tools=reordered([tool]), tool_results=reordered(results))
+    assert json.dumps(other.tool_schemas()) != json.dumps(e.tool_schemas())
+    assert other.fingerprint == e.fingerprint
+    assert other.result("get_weather", '{"zone": "A", "city": "Oslo"}') == "rain"
+
+
+def test_a_number_beyond_a_float_is_refused_with_its_field(tmp_path):
+    """1e400 would be sent as Infinity, which is not JSON: refused before any request."""
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"id": "e", "messages": [{"role": "user", "content": "Hi."}], "tools": [{"type": "function", '
+                    '"function": {"name": "f", "parameters": {"type": "object", "maximum": 1e400}}}], '
+                    '"tool_results": {"f": "x"}}\n')
+    with pytest.raises(ProbeFileError) as err:
+        load_episodes([str(path)])
+    assert str(err.value) == (f"{path}:1: field 'tools[0].function.parameters.maximum': the number \"1e400\" is not "
+                              f"allowed here")
+
+
 def test_builtin_set():
     episodes = builtin_episodes()
     assert len(episodes) == 20 and len({e.id for e in episodes}) == 20
@@ -198,6 +233,18 @@ def test_tool_calls_get_scripted_results_with_their_ids():
     steps = record.path("cache-1").steps  # type: ignore[union-attr]
     assert steps[0].tool_calls[0].name == "get_weather" and not steps[1].tool_calls
     assert len(steps) == 4  # the call, its answer, then the two user turns
+
+
+def test_a_call_s_arguments_go_forward_as_the_server_gave_them():
+    """Not re-serialized: spacing, key order and escapes as the server wrote them."""
+    given = '{ "zone":"A",  "city" : "%s\\u00e9" }'
+    e = episode(tools=[WEATHER], tool_choice=["required", "auto"], tool_results={"get_weather": "sunny"})
+    server = SlotServer(arguments=lambda word: given % word)
+    record = measure_episode(runner(server), e)
+    assert record.outcome == Outcome.SAME, record.reason
+    sent = server.calls[1]["messages"][-2]["tool_calls"][0]["function"]["arguments"]
+    assert sent == record.path("cache-1").steps[0].tool_calls[0].arguments  # type: ignore[union-attr]
+    assert sent.startswith('{ "zone":"A",  "city" : "') and sent.endswith('\\u00e9" }')
 
 
 def test_a_tool_call_rendered_otherwise_is_inconclusive_with_that_reason():
@@ -338,3 +385,47 @@ def test_builtin_tools_each_once_in_order_of_first_use() -> None:
                                                       "list_files", "read_file"]
     by_name = {s["function"]["name"]: s for e in builtin_episodes() for s in e.tool_schemas() or []}
     assert all(t == by_name[t["function"]["name"]] for t in tools)
+
+
+ORDERED_EPISODE = ('{"id": "ordered", "messages": [{"role": "user", "content": "Where?"}], "tools": [{"type": '
+                   '"function", "function": {"name": "lookup", "description": "Find a place, \u00e9t\u00e9 2.50", '
+                   '"parameters": {"type": "object", "required": ["zone", "area"], "properties": {"zone": {"type": '
+                   '"string", "maxLength": 40}, "area": {"type": "number", "minimum": 2.50}}}}}], "tool_results": '
+                   '{"lookup": {"cases": [{"arguments": {"zone": "x"}, "result": "here"}], "default": "there"}}, '
+                   '"tool_choice": ["required", "auto"], "user_turns": ["Thanks."], "max_steps": 4}')
+
+
+def test_the_request_carries_the_tools_as_the_file_wrote_them(pytester, emulator):
+    """Through a real run: the tools array of every request is the file's, keys in the file's order (the
+    emulated model's call names the first property, so the order reaches the answer too), and a call's
+    arguments go forward as the server gave them."""
+    emu = emulator(block_size=1)
+    (pytester.path / "mine.jsonl").write_text(ORDERED_EPISODE + "\n", encoding="utf-8")
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-episodes=mine.jsonl",
+                                           "-k", "episode", "--cachecheck-report=r.json", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=2)  # the episode and the gate
+    expected = json.dumps(json.loads(ORDERED_EPISODE)["tools"], ensure_ascii=False)
+    sent = [r for r in emu.requests_log if "tools" in r]
+    assert len(sent) == 4 * 3  # four paths of three steps: the call, its answer, the user turn
+    assert all(json.dumps(r["tools"], ensure_ascii=False) == expected for r in sent)  # order-sensitive
+    data = json.loads((pytester.path / "r.json").read_text())
+    first = data["episodes"][0]["paths"][0]["steps"][0]["tool_calls"][0]
+    assert first["name"] == "lookup" and list(json.loads(first["arguments"])) == ["zone"]
+    assert sent[1]["messages"][1]["tool_calls"][0]["function"]["arguments"] == first["arguments"]
+
+
+def test_tool_call_arguments_nested_too_deep_error_the_episode_and_keep_its_record(pytester, emulator):
+    """A hostile server's call with arguments nested 5000 deep (request 3: the setup check, then the
+    episode's first path, step 2) is an error of that episode with the cause, not a crash."""
+    emu = emulator(fault={3: "nested-arguments"})
+    (pytester.path / "mine.jsonl").write_text(ORDERED_EPISODE + "\n", encoding="utf-8")
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-episodes=mine.jsonl",
+                                           "-k", "episode", "--cachecheck-report=r.json", "-p", "no:cacheprovider")
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(errors=1, failed=1)  # the episode, and the gate that counts its error
+    reason = (f"POST /v1/chat/completions to {emu.url}: the server's tool-call arguments are nested more than 64 "
+              f"levels deep")
+    result.stdout.fnmatch_lines([f"*{reason}*"])
+    (record,) = json.loads((pytester.path / "r.json").read_text())["episodes"]
+    assert record["id"] == "ordered" and record["outcome"] == "error" and reason in record["reason"]
+    assert [len(p["steps"]) for p in record["paths"]] == [1]  # step 1, measured before the fault, is kept

@@ -36,11 +36,12 @@ HEALTH_CHECK_POLL_SECONDS = 1.0
 FAULT_KINDS = ("429", "500", "503", "not-json", "truncated", "no-choices", "no-usage", "slow:<seconds>",
                # hostile servers: a 100 MiB body, a 256 MiB gzip bomb, one byte every <seconds>, a 307 to
                # another origin, JSON nested 100000 deep, a 5000-digit integer, a NaN counter, an error
-               # message with a lone surrogate, an error message with terminal control sequences
+               # message with a lone surrogate, an error message with terminal control sequences, a chat
+               # answer that is a call of the request's first tool with arguments nested 5000 deep
                "huge", "gzip-bomb", "drip:<seconds>", "redirect", "nested", "bigint", "nan", "surrogate",
-               "control")
+               "control", "nested-arguments")
 _SIMPLE_FAULTS = ("429", "500", "503", "not-json", "truncated", "no-choices", "no-usage", "huge", "gzip-bomb",
-                  "redirect", "nested", "bigint", "nan", "surrogate", "control")
+                  "redirect", "nested", "bigint", "nan", "surrogate", "control", "nested-arguments")
 #: the error message of the "control" fault: it would clear the line and forge a PASSED in a terminal
 CONTROL_MESSAGE = "boom\x1b[2K\r\x1b[32mPASSED\x1b[0m\nforged line \u202etxt.exe"
 
