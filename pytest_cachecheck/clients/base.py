@@ -158,9 +158,11 @@ class ChatClient:
         """Ask for the top-2 logprobs of each answer token (never prompt logprobs: they bypass caches)."""
         return {"logprobs": True, "top_logprobs": 2} if want else {}
 
-    def render(self, messages: List[Dict[str, Any]]) -> Optional[Sequence[Any]]:
-        """The prompt the server's chat template makes of ``messages`` (with the generation prompt), as text
-        or token ids, where the server has an endpoint for it; else None. Generates nothing."""
+    def render(self, messages: List[Dict[str, Any]], tools: Optional[List[Dict[str, Any]]] = None
+               ) -> Optional[Sequence[Any]]:
+        """The prompt the server's chat template makes of ``messages`` (and ``tools``; with the generation
+        prompt), as text or token ids, where the server has an endpoint for it; else None. Generates
+        nothing."""
         return None
 
     def token_pieces(self, text: str) -> Optional[List[str]]:
