@@ -45,8 +45,15 @@ _BUILTIN = "builtin_episodes.jsonl"
 
 
 def canonical(obj: Any) -> str:
-    """One text per JSON value: keys sorted, no spaces (arguments compare by it)."""
+    """One text per JSON value: keys sorted, no spaces. Only for fingerprints and for matching a call's
+    arguments to a case: what is sent keeps the file's key order (:func:`written`)."""
     return json.dumps(obj, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def written(obj: Any) -> str:
+    """A JSON value as text with its keys in the order the file wrote them (sent as such: a chat template
+    renders the keys in the order it gets them)."""
+    return json.dumps(obj, ensure_ascii=False)
 
 
 @dataclass(frozen=True)
@@ -82,7 +89,7 @@ class Episode:
     source: str
     messages: Tuple[Tuple[str, str], ...]
     user_turns: Tuple[str, ...] = ()
-    tools: Tuple[str, ...] = ()  # each tool's schema as canonical JSON (a frozen dataclass keeps no dicts)
+    tools: Tuple[str, ...] = ()  # each tool's schema as JSON text in the file's key order (:func:`written`)
     results: Tuple[Tuple[str, ToolScript], ...] = ()
     tool_choice: Tuple[str, ...] = ()  # per step; a single value stands for every step
     max_steps: int = DEFAULT_MAX_STEPS
@@ -173,7 +180,7 @@ def parse_episode(obj: object, *, path: str, line: int, default_id: str) -> Epis
         if "parameters" in fn and not isinstance(fn["parameters"], dict):
             raise chk.error(f"{base}.function.parameters", f"must be a JSON schema object, got {_describe(fn['parameters'])}")
         names.append(name)
-        tools.append(canonical(plain_json(tool, path=path, line=line, field=base)))
+        tools.append(written(plain_json(tool, path=path, line=line, field=base)))
 
     scripts_raw = obj.get("tool_results", {})
     if not isinstance(scripts_raw, dict):

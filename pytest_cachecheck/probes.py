@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import stat
 import unicodedata
@@ -670,7 +671,8 @@ def plain_json(obj: object, *, path: str, line: int, field: str) -> Any:
     Infinity refused) and its objects as plain dicts; ProbeFileError names the field otherwise."""
     if isinstance(obj, _JSONNumber):
         text = obj.text
-        if len(text) > 30 or text in ("NaN", "Infinity", "-Infinity"):
+        if len(text) > 30 or text in ("NaN", "Infinity", "-Infinity") or (
+                any(c in text for c in ".eE") and not math.isfinite(float(text))):  # 1e400 is Infinity too
             raise ProbeFileError(path, line, field, f"the number {_quote(text, 30)} is not allowed here")
         return float(text) if any(c in text for c in ".eE") else int(text)
     if isinstance(obj, dict):

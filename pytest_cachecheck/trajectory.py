@@ -19,7 +19,8 @@ and, from the second runs' logprobs at that step only, the token and both paths'
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, List, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple
 
 from .clients import ChatClient
 from .episodes import Episode
@@ -33,23 +34,36 @@ Fields = Callable[[int], Dict[str, Any]]
 MAX_SHOWN_PROBLEMS = 4
 
 
+@dataclass
+class _Seen:
+    """What the walks saw besides their paths: the logprobs asked for, by (path, step), and each path's
+    messages with how many of them each step sent."""
+
+    logprobs: Dict[Tuple[str, int], Any] = field(default_factory=dict)
+    messages: Dict[str, Tuple[List[Dict[str, Any]], List[int]]] = field(default_factory=dict)
+
+
 def measure_episode(runner: Runner, episode: Episode) -> EpisodeRecord:
     """Measure one episode on the runner's servers. Request failures give outcome 'error'."""
     start = time.monotonic()
     record = EpisodeRecord(episode.id, episode.source, episode.fingerprint, Outcome.ERROR)
-    logprobs: Dict[str, Any] = {}
+    seen = _Seen()
     try:
         setup = runner.prepare()
         record.hit_tolerance = setup.tolerance(runner.settings.hit_tolerance)
-        cache_1 = _walk(runner, setup.cache, episode, "cache-1", _cache_fields(setup), None, record, logprobs)
+        cache_1 = _walk(runner, setup.cache, episode, "cache-1", _cache_fields(setup), (), record, seen)
         recompute_client = setup.nocache or setup.cache
         scratch = _scratch_fields(setup)
-        recompute_1 = _walk(runner, recompute_client, episode, "recompute-1", scratch, None, record, logprobs)
+        recompute_1 = _walk(runner, recompute_client, episode, "recompute-1", scratch, (), record, seen)
         parted = _parting_step(cache_1, recompute_1)
-        want = parted if parted is not None and runner.settings.logprobs else None
-        _walk(runner, setup.cache, episode, "cache-2", _cache_fields(setup), want, record, logprobs)
-        _walk(runner, recompute_client, episode, "recompute-2", scratch, want, record, logprobs)
-        _judge(setup, record, logprobs, runner.settings.skip_hit_check, episode)
+        want = {parted} if parted is not None and runner.settings.logprobs else set()
+        short = set()  # the calls a cache-1 hit stopped inside of: their tokens tell what the template did
+        if runner.settings.logprobs and not runner.settings.skip_hit_check:
+            short = {prev.step for prev, cur in zip(cache_1.steps, cache_1.steps[1:])
+                     if _stops_in_call(prev, cur, record.hit_tolerance or 0)}
+        _walk(runner, setup.cache, episode, "cache-2", _cache_fields(setup), want | short, record, seen)
+        _walk(runner, recompute_client, episode, "recompute-2", scratch, want, record, seen)
+        _judge(setup, record, seen, runner.settings.skip_hit_check, episode)
     except WrongModel as exc:
         record.outcome = Outcome.INCONCLUSIVE
         record.reason = runner.redactor.scrub(wrong_model_reason(exc))
@@ -81,22 +95,26 @@ def _assistant(step: int, content: str, calls: List[ToolCall]) -> Dict[str, Any]
 
 
 def _walk(runner: Runner, client: ChatClient, episode: Episode, name: str, fields: Fields,
-          logprobs_at: Optional[int], record: EpisodeRecord, logprobs: Dict[str, Any]) -> Path:
+          logprobs_at: Collection[int], record: EpisodeRecord, seen: _Seen) -> Path:
     """One path through the episode, its own answers fed forward; the path is kept on the record as it
     grows, so what was measured before a failure stays in the report."""
     s = runner.settings
     path = Path(name)
     record.paths.append(path)
     history = episode.opening()
+    sent: List[int] = []
+    seen.messages[name] = (history, sent)
     turns = list(episode.user_turns)
     for step in range(1, episode.max_steps + 1):
-        reply = client.chat(history, max_tokens=s.max_tokens, cache=fields(step), logprobs=step == logprobs_at,
-                            tools=episode.tool_schemas(), tool_choice=episode.choice(step))
+        sent.append(len(history))
+        reply = client.chat(history, max_tokens=s.max_tokens, cache=fields(step),
+                            logprobs=step in logprobs_at, tools=episode.tool_schemas(),
+                            tool_choice=episode.choice(step))
         calls = [ToolCall(n, a) for n, a in reply.tool_calls]
         path.steps.append(EpisodeStep(step, reply.content, calls, reply.finish_reason, reply.prompt_tokens,
                                       reply.completion_tokens, reply.cached_tokens))
-        if step == logprobs_at:
-            logprobs[name] = reply.logprobs
+        if step in logprobs_at:
+            seen.logprobs[(name, step)] = reply.logprobs
         if reply.cached_tokens is None and not s.skip_hit_check:
             raise MissingCounter(
                 f"{name}, step {step}: the server at {client.http.shown} did not report cached tokens "
@@ -140,7 +158,46 @@ def _ignored_calls(episode: Episode, record: EpisodeRecord) -> List[str]:
     return found
 
 
-def _judge(setup: ServerSetup, record: EpisodeRecord, logprobs: Dict[str, Any], skip_hit_check: bool,
+def _need(prev: EpisodeStep, tolerance: int) -> int:
+    """The least hit the step after ``prev`` must report: prev's prompt + answer - 1, less the tolerance."""
+    assert prev.prompt_tokens is not None and prev.completion_tokens is not None
+    return max(prev.prompt_tokens + prev.completion_tokens - 1 - tolerance, 0)
+
+
+def _stops_in_call(prev: EpisodeStep, cur: EpisodeStep, tolerance: int) -> bool:
+    """Whether the hit of ``cur`` fell short of :func:`_need` but reached past ``prev``'s prompt into its
+    tool call."""
+    assert prev.prompt_tokens is not None
+    cached = cur.cached_tokens or 0
+    return bool(prev.tool_calls) and prev.prompt_tokens - tolerance - 1 < cached < _need(prev, tolerance)
+
+
+def _call_cause(client: ChatClient, episode: Episode, seen: _Seen, step: int) -> str:
+    """Why a hit stopped inside step ``step``'s tool call, from the tokens cache-2 generated there (their
+    logprobs) and the prompts the server's template renders before and after that step."""
+    tokens = seen.logprobs.get(("cache-2", step))
+    history, sent = seen.messages.get("cache-2", ([], []))
+    before = after = None
+    if tokens and step < len(sent):
+        try:
+            before = client.render(history[:sent[step - 1]], episode.tool_schemas())
+            after = client.render(history[:sent[step]], episode.tool_schemas())
+        except RequestError:
+            pass
+    if not (isinstance(before, str) and isinstance(after, str) and after.startswith(before)):
+        return (f"; the hit stopped inside step {step}'s tool call: the chat template re-renders the call as "
+                f"other text than the model generated, or the same text tokenizes into other tokens (not "
+                f"told apart: that needs the answer's tokens and the server's prompt text)")
+    generated, rendered = "".join(t for t, _, _ in tokens), after[len(before):]
+    at = first_difference(generated, rendered)
+    if at is None or at == len(generated):
+        return (f"; the chat template renders step {step}'s tool call as the text the model generated, but "
+                f"that text tokenizes into other tokens than the model's")
+    return (f"; the chat template re-renders step {step}'s tool call as other text than the model generated: "
+            f"generated {excerpt(generated, at)}, rendered {excerpt(rendered, at)}")
+
+
+def _judge(setup: ServerSetup, record: EpisodeRecord, seen: _Seen, skip_hit_check: bool,
            episode: Optional[Episode] = None) -> None:
     paths = {p.name: p for p in record.paths}
     problems: List[str] = []
@@ -165,6 +222,7 @@ def _judge(setup: ServerSetup, record: EpisodeRecord, logprobs: Dict[str, Any], 
         if step is not None:
             problems.append(f"{what} took different trajectories (from step {step})")
     tolerance = record.hit_tolerance or 0
+    told: Set[int] = set()
     clean_start = setup.cache.cache_plan(own_setting=setup.nocache is not None).clean_start
     for name in ("cache-1", "cache-2"):
         steps = paths[name].steps
@@ -174,17 +232,17 @@ def _judge(setup: ServerSetup, record: EpisodeRecord, logprobs: Dict[str, Any], 
         if skip_hit_check:
             continue
         for prev, cur in zip(steps, steps[1:]):
-            assert prev.prompt_tokens is not None and prev.completion_tokens is not None
-            need = max(prev.prompt_tokens + prev.completion_tokens - 1 - tolerance, 0)
+            assert prev.prompt_tokens is not None
+            need = _need(prev, tolerance)
             cached = cur.cached_tokens or 0
             after_call = " (after a tool call)" if prev.tool_calls else ""
             if cached < need:
                 problem = (f"{name} step {cur.step}: cache hit was {cached} tokens, expected at least {need} "
                            f"(step {prev.step} prompt {prev.prompt_tokens} + answer {prev.completion_tokens} - 1 - "
                            f"tolerance {tolerance}){after_call}")
-                if prev.tool_calls and cached > prev.prompt_tokens - tolerance - 1:
-                    problem += ("; the chat template re-renders the tool call of step "
-                                f"{prev.step} differently from the tokens the model generated")
+                if episode is not None and _stops_in_call(prev, cur, tolerance) and prev.step not in told:
+                    told.add(prev.step)  # cache-1 and cache-2 share one trajectory: the cause is said once
+                    problem += _call_cause(setup.cache, episode, seen, prev.step)
                 problems.append(problem)
             elif cached <= prev.prompt_tokens:
                 empty = "" if prev.content or prev.tool_calls else (
@@ -207,7 +265,8 @@ def _judge(setup: ServerSetup, record: EpisodeRecord, logprobs: Dict[str, Any], 
         record.outcome = Outcome.SAME
         return
     record.outcome = Outcome.DIFFERENT
-    record.parting = _parting(step, cache, recompute, logprobs.get("cache-2"), logprobs.get("recompute-2"))
+    record.parting = _parting(step, cache, recompute, seen.logprobs.get(("cache-2", step)),
+                              seen.logprobs.get(("recompute-2", step)))
     record.reason = parting_message(record.parting, len(cache.steps), len(recompute.steps))
 
 

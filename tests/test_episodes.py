@@ -3,6 +3,7 @@ in-process server that keeps a llama-server-like slot (no HTTP)."""
 
 from __future__ import annotations
 
+import fnmatch
 import hashlib
 import json
 from typing import Any, Callable, Dict, List, Optional
@@ -35,14 +36,20 @@ def episode(**fields: Any) -> Episode:
 class SlotServer:
     """A chat server with one llama-server-like slot: ``cache_prompt: true`` reuses the longest common token
     prefix with what the slot holds (prompt + answer - 1); answers are words chosen by a hash of the prompt;
-    ``tool_choice: required`` (or a named tool) answers with a call."""
+    ``tool_choice: required`` (or a named tool) answers with a call. A past call is rendered back as the
+    tokens generated, or (``rerender_calls`` false) as other text, or (``retokenize_calls``) as the same
+    text in other tokens; the prompt's text is its tokens joined."""
 
     def __init__(self, diverge: Callable[[int, int], bool] = lambda step, cached: False,
-                 rerender_calls: bool = True, recompute_reuses: bool = False, empty_at: int = 0) -> None:
+                 rerender_calls: bool = True, recompute_reuses: bool = False, empty_at: int = 0,
+                 retokenize_calls: bool = False,
+                 arguments: Callable[[str], str] = lambda word: json.dumps({"city": word})) -> None:
         self.slot: List[str] = []
+        self.arguments = arguments  # a call's arguments text, from the word the prompt chose
         self.empty_at = empty_at  # the step whose answer is empty (only the end token)
         self.diverge = diverge
         self.rerender_calls = rerender_calls
+        self.retokenize_calls = retokenize_calls
         self.recompute_reuses = recompute_reuses
         self.calls: List[Dict[str, Any]] = []
 
@@ -52,7 +59,9 @@ class SlotServer:
             tokens += [f"<{m['role']}>"] + (m.get("content") or "").split()
             for call in m.get("tool_calls") or []:
                 fn = call["function"]
-                tokens += [f"<call:{fn['name']}>", fn["arguments"] if self.rerender_calls else fn["arguments"] + " "]
+                args = fn["arguments"] if self.rerender_calls else fn["arguments"].replace(": ", ":")
+                tokens += [f"<call:{fn['name']}>"]
+                tokens += [args[:3], args[3:]] if self.retokenize_calls else [args]
             tokens.append("<end>")
         return tokens + ["<assistant>"]
 
@@ -74,7 +83,7 @@ class SlotServer:
             seed += 7
         if tools and tool_choice not in (None, "auto", "none"):
             name = tool_choice["function"]["name"] if isinstance(tool_choice, dict) else tools[0]["function"]["name"]
-            args = json.dumps({"city": WORDS[seed % len(WORDS)]})
+            args = self.arguments(WORDS[seed % len(WORDS)])
             answer = [f"<call:{name}>", args]
             reply = Reply("", "tool_calls", len(prompt), len(answer) + 1, cached, tool_calls=[(name, args)])
         else:
@@ -90,7 +99,9 @@ class SlotServer:
 
 def runner(server: SlotServer, **settings: Any) -> Runner:
     r = Runner(Settings(url="http://127.0.0.1:9", mode="llama.cpp", **settings))
-    cls = type("Slot", (CLIENTS["llama.cpp"],), {"chat": lambda self, *a, **k: server.chat(*a, **k)})
+    cls = type("Slot", (CLIENTS["llama.cpp"],), {
+        "chat": lambda self, *a, **k: server.chat(*a, **k),
+        "render": lambda self, messages, tools=None: "".join(server.render(messages))})
     r.setup = ServerSetup("llama.cpp", cls(Http("http://127.0.0.1:9"), ServerInfo(kind="llama.cpp")), None, checked=True)
     return r
 
@@ -136,6 +147,40 @@ def test_tool_results_answer_by_exact_arguments():
     assert episode().choice(1) is None
     assert e.fingerprint != episode().fingerprint and e.fingerprint == parse_episode(
         {**e.to_json(), "id": "other"}, path="x", line=9, default_id="y").fingerprint
+
+
+def test_keys_go_out_in_the_file_order_and_the_fingerprint_ignores_the_order():
+    """What is sent keeps the file's key order (a chat template renders keys in the order it gets them);
+    the fingerprint and the matching of a call's arguments to a case do not depend on it."""
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "Weather.", "parameters": {
+        "type": "object", "required": ["zone", "city"], "properties": {"zone": {"type": "string"},
+                                                                       "city": {"type": "string"}}}}}
+    results = {"get_weather": {"cases": [{"arguments": {"zone": "A", "city": "Oslo"}, "result": "rain"}]}}
+    e = episode(tools=[tool], tool_results=results)
+    assert json.dumps(e.tool_schemas()) == json.dumps([tool])  # order-sensitive: byte for byte
+    assert e.result("get_weather", '{"city": "Oslo", "zone": "A"}') == "rain"
+
+    def reordered(obj: Any) -> Any:
+        if isinstance(obj, dict):
+            return {k: reordered(obj[k]) for k in reversed(list(obj))}
+        return [reordered(v) for v in obj] if isinstance(obj, list) else obj
+    other = episode(tools=reordered([tool]), tool_results=reordered(results))
+    assert json.dumps(other.tool_schemas()) != json.dumps(e.tool_schemas())
+    assert other.fingerprint == e.fingerprint
+    assert other.result("get_weather", '{"zone": "A", "city": "Oslo"}') == "rain"
+
+
+def test_a_number_beyond_a_float_is_refused_with_its_field(tmp_path):
+    """1e400 would be sent as Infinity, which is not JSON: refused before any request."""
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"id": "e", "messages": [{"role": "user", "content": "Hi."}], "tools": [{"type": '
+                    '"function", "function": {"name": "f", "parameters": {"type": "object", '
+                    '"maximum": 1e400}}}], '
+                    '"tool_results": {"f": "x"}}\n')
+    with pytest.raises(ProbeFileError) as err:
+        load_episodes([str(path)])
+    assert str(err.value) == (f"{path}:1: field 'tools[0].function.parameters.maximum': the number "
+                              f"\"1e400\" is not allowed here")
 
 
 def test_builtin_set():
@@ -200,12 +245,44 @@ def test_tool_calls_get_scripted_results_with_their_ids():
     assert len(steps) == 4  # the call, its answer, then the two user turns
 
 
-def test_a_tool_call_rendered_otherwise_is_inconclusive_with_that_reason():
+def test_a_call_s_arguments_go_forward_as_the_server_gave_them():
+    """Not re-serialized: spacing, key order and escapes as the server wrote them."""
+    given = '{ "zone":"A",  "city" : "%s\\u00e9" }'
     e = episode(tools=[WEATHER], tool_choice=["required", "auto"], tool_results={"get_weather": "sunny"})
-    record = measure_episode(runner(SlotServer(rerender_calls=False), hit_tolerance=0), e)
+    server = SlotServer(arguments=lambda word: given % word)
+    record = measure_episode(runner(server), e)
+    assert record.outcome == Outcome.SAME, record.reason
+    sent = server.calls[1]["messages"][-2]["tool_calls"][0]["function"]["arguments"]
+    assert sent == record.path("cache-1").steps[0].tool_calls[0].arguments  # type: ignore[union-attr]
+    assert sent.startswith('{ "zone":"A",  "city" : "') and sent.endswith('\\u00e9" }')
+
+
+@pytest.mark.parametrize("server, settings, cause", [
+    (dict(rerender_calls=False), {},
+     "; the chat template re-renders step 1's tool call as other text than the model generated: "
+     'generated <call:get_weather>{"city": >>>  "*"}, '
+     'rendered <call:get_weather>{"city": >>> "*"}<end><tool>sunny<end>*'),
+    (dict(retokenize_calls=True), {},
+     "; the chat template renders step 1's tool call as the text the model generated, but that text "
+     "tokenizes into other tokens than the model's"),
+    (dict(rerender_calls=False), dict(logprobs=False),
+     "; the hit stopped inside step 1's tool call: the chat template re-renders the call as other text than "
+     "the model generated, or the same text tokenizes into other tokens (not told apart: that needs the "
+     "answer's tokens and the server's prompt text)"),
+], ids=["other-text", "other-tokens", "not-told-apart"])
+def test_a_hit_stopping_inside_a_tool_call_is_inconclusive_and_names_the_cause(server, settings, cause):
+    """The cause comes from the call's tokens (logprobs asked at that step of cache 2) against the prompts
+    the template renders before and after it; without logprobs both causes are named."""
+    e = episode(tools=[WEATHER], tool_choice=["required", "auto"], tool_results={"get_weather": "sunny"})
+    slot = SlotServer(**server)
+    record = measure_episode(runner(slot, hit_tolerance=0, **settings), e)
     assert record.outcome == Outcome.INCONCLUSIVE
-    assert "cache-1 step 2: cache hit was" in record.reason
-    assert "re-renders the tool call of step 1 differently" in record.reason
+    problems = record.reason.split("; cache-2 step 2: ")
+    assert len(problems) == 2 and problems[1].endswith("(after a tool call)")  # the cause is said once
+    assert problems[0].startswith("inconclusive: cache-1 step 2: cache hit was 7 tokens, expected at least 8")
+    assert fnmatch.fnmatchcase(problems[0].split(" (after a tool call)", 1)[1], cause), problems[0]
+    asked = [i for i, c in enumerate(slot.calls) if c["logprobs"]]
+    assert asked == ([] if settings else [8])  # cache 2's step 1 only (cache 1: 4 steps, recompute 1: 4)
 
 
 def test_a_hit_after_an_empty_answer_is_inconclusive_and_says_why():
@@ -341,3 +418,51 @@ def test_builtin_tools_each_once_in_order_of_first_use() -> None:
                                                       "list_files", "read_file"]
     by_name = {s["function"]["name"]: s for e in builtin_episodes() for s in e.tool_schemas() or []}
     assert all(t == by_name[t["function"]["name"]] for t in tools)
+
+
+ORDERED_EPISODE = (
+    '{"id": "ordered", "messages": [{"role": "user", "content": "Where?"}], "tools": [{"type": "function", '
+    '"function": {"name": "lookup", "description": "Find a place, \u00e9t\u00e9 2.50", "parameters": {'
+    '"type": "object", "required": ["zone", "area"], "properties": {"zone": {"type": "string", '
+    '"maxLength": 40}, "area": {"type": "number", "minimum": 2.50}}}}}], "tool_results": {"lookup": {'
+    '"cases": [{"arguments": {"zone": "x"}, "result": "here"}], "default": "there"}}, '
+    '"tool_choice": ["required", "auto"], "user_turns": ["Thanks."], "max_steps": 4}')
+
+
+def run_ordered(pytester: Any, url: str) -> Any:
+    """A real plugin run of ORDERED_EPISODE alone (and the gate) against ``url``, reported to r.json."""
+    (pytester.path / "mine.jsonl").write_text(ORDERED_EPISODE + "\n", encoding="utf-8")
+    return pytester.runpytest_subprocess(f"--cachecheck-url={url}", "--cachecheck-episodes=mine.jsonl", "-k",
+                                         "episode", "--cachecheck-report=r.json", "-p", "no:cacheprovider")
+
+
+def test_the_request_carries_the_tools_as_the_file_wrote_them(pytester, emulator):
+    """Through a real run: the tools array of every request is the file's, keys in the file's order (the
+    emulated model's call names the first property, so the order reaches the answer too), and a call's
+    arguments go forward as the server gave them."""
+    emu = emulator(block_size=1)
+    result = run_ordered(pytester, emu.url)
+    result.assert_outcomes(passed=2)  # the episode and the gate
+    expected = json.dumps(json.loads(ORDERED_EPISODE)["tools"], ensure_ascii=False)
+    sent = [r for r in emu.requests_log if "tools" in r]
+    assert len(sent) == 4 * 3  # four paths of three steps: the call, its answer, the user turn
+    assert all(json.dumps(r["tools"], ensure_ascii=False) == expected for r in sent)  # order-sensitive
+    data = json.loads((pytester.path / "r.json").read_text())
+    first = data["episodes"][0]["paths"][0]["steps"][0]["tool_calls"][0]
+    assert first["name"] == "lookup" and list(json.loads(first["arguments"])) == ["zone"]
+    assert sent[1]["messages"][1]["tool_calls"][0]["function"]["arguments"] == first["arguments"]
+
+
+def test_tool_call_arguments_nested_too_deep_error_the_episode_and_keep_its_record(pytester, emulator):
+    """A hostile server's call with arguments nested 5000 deep (request 3: the setup check, then the
+    episode's first path, step 2) is an error of that episode with the cause, not a crash."""
+    emu = emulator(fault={3: "nested-arguments"})
+    result = run_ordered(pytester, emu.url)
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+    result.assert_outcomes(errors=1, failed=1)  # the episode, and the gate that counts its error
+    reason = (f"POST /v1/chat/completions to {emu.url}: the server's tool-call arguments are nested more "
+              f"than 64 levels deep")
+    result.stdout.fnmatch_lines([f"*{reason}*"])
+    (record,) = json.loads((pytester.path / "r.json").read_text())["episodes"]
+    assert record["id"] == "ordered" and record["outcome"] == "error" and reason in record["reason"]
+    assert [len(p["steps"]) for p in record["paths"]] == [1]  # step 1, measured before the fault, is kept

@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Dict, List, Optional, Sequence, Tuple
 from ..errors import ModelChoiceError, RequestError, WrongModel
 from ..model import Request, ServerDescription
 from ..text import printable
-from .http import Http
+from .http import MAX_DEPTH, Http, nested_too_deep
 
 #: per answer token: (token text, its logprob, top-1 minus top-2 logprob)
 TokenLogprob = Tuple[str, Optional[float], Optional[float]]
@@ -175,9 +175,11 @@ class ChatClient:
         """Ask for the top-2 logprobs of each answer token (never prompt logprobs: they bypass caches)."""
         return {"logprobs": True, "top_logprobs": 2} if want else {}
 
-    def render(self, messages: List[Dict[str, Any]]) -> Optional[Sequence[Any]]:
-        """The prompt the server's chat template makes of ``messages`` (with the generation prompt), as text
-        or token ids, where the server has an endpoint for it; else None. Generates nothing."""
+    def render(self, messages: List[Dict[str, Any]], tools: Optional[List[Dict[str, Any]]] = None
+               ) -> Optional[Sequence[Any]]:
+        """The prompt the server's chat template makes of ``messages`` (and ``tools``; with the generation
+        prompt), as text or token ids, where the server has an endpoint for it; else None. Generates
+        nothing."""
         return None
 
     def token_pieces(self, text: str) -> Optional[List[str]]:
@@ -235,8 +237,10 @@ def check_answer_model(data: Dict[str, Any], info: ServerInfo, shown_url: str) -
 
 
 def parse_tool_calls(choice: Dict[str, Any], where: str) -> List[Tuple[str, str]]:
-    """``choices[0].message.tool_calls`` as (name, arguments JSON text); arguments given as an object are
-    written as JSON. A call without a function name is a malformed reply."""
+    """``choices[0].message.tool_calls`` as (name, arguments JSON text): the text as the server gave it, to be
+    fed forward unchanged; arguments given as an object are written as JSON in the server's key order. A
+    call without a function name, or with arguments nested more than MAX_DEPTH levels, is a malformed
+    reply."""
     message = choice.get("message")
     calls = message.get("tool_calls") if isinstance(message, dict) else None
     if not calls:
@@ -250,6 +254,9 @@ def parse_tool_calls(choice: Dict[str, Any], where: str) -> List[Tuple[str, str]
         if not isinstance(name, str) or not name:
             raise RequestError(f"{where}: malformed tool call (no function name)", where=where)
         args = fn.get("arguments") if isinstance(fn, dict) else None
+        if isinstance(args, str) and nested_too_deep(args):
+            raise RequestError(f"{where}: the server's tool-call arguments are nested more than {MAX_DEPTH} "
+                               f"levels deep", where=where)
         out.append((name, args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)))
     return out
 

@@ -437,6 +437,18 @@ def _parse(text: str) -> Any:
     return _clean(data)
 
 
+def nested_too_deep(text: str) -> bool:
+    """Whether JSON text (a tool call's arguments, which a body carries as a string) nests more than
+    MAX_DEPTH levels deep; text that is not JSON is not judged here."""
+    try:
+        _clean(json.loads(text))
+    except (RecursionError, _Malformed):
+        return True
+    except ValueError:
+        return False
+    return False
+
+
 def _error_message(data: Any, show: Callable[[str], str] = printable) -> str:
     """The server's error message, scrubbed, escaped and shortened by ``show``."""
     if isinstance(data, _NotJson):

@@ -120,9 +120,11 @@ class LlamaCppClient(ChatClient):
         cached = counter(timings, ("cache_n",), where, "timings.") if isinstance(timings, dict) else None
         return cached if cached is not None else super().cached_tokens(data, usage, where)
 
-    def render(self, messages: List[Dict[str, Any]]) -> Optional[Sequence[Any]]:
+    def render(self, messages: List[Dict[str, Any]], tools: Optional[List[Dict[str, Any]]] = None
+               ) -> Optional[Sequence[Any]]:
         # POST /apply-template: the chat template's text, exactly as a chat request would be prompted
-        status, data = self.http.request("POST", "/apply-template", {"messages": messages})
+        status, data = self.http.request("POST", "/apply-template", {"messages": messages,
+                                                                      **({"tools": tools} if tools else {})})
         if status != 200 or not isinstance(data, dict) or not isinstance(data.get("prompt"), str):
             return None
         return data["prompt"]

@@ -32,9 +32,11 @@ class SaltedClient(ChatClient):
         body["repetition_penalty"] = 1.0
         return body
 
-    def render(self, messages: List[Dict[str, Any]]) -> Optional[Sequence[Any]]:
+    def render(self, messages: List[Dict[str, Any]], tools: Optional[List[Dict[str, Any]]] = None
+               ) -> Optional[Sequence[Any]]:
         # POST /tokenize with messages applies the template a chat request uses (generation prompt added)
-        status, data = self.http.request("POST", "/tokenize", {"model": self.info.model, "messages": messages})
+        status, data = self.http.request("POST", "/tokenize", {"model": self.info.model, "messages": messages,
+                                                                **({"tools": tools} if tools else {})})
         tokens = data.get("tokens") if status == 200 and isinstance(data, dict) else None
         if not isinstance(tokens, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
             return None

@@ -36,13 +36,14 @@ HEALTH_CHECK_POLL_SECONDS = 1.0
 FAULT_KINDS = ("429", "500", "503", "not-json", "truncated", "no-choices", "no-usage", "slow:<seconds>",
                # hostile servers: a 100 MiB body, a 256 MiB gzip bomb, one byte every <seconds>, a 307 to
                # another origin, JSON nested 100000 deep, a 5000-digit integer, a NaN counter, an error
-               # message with a lone surrogate, an error message with terminal control sequences
+               # message with a lone surrogate, an error message with terminal control sequences, a chat
+               # answer that is a call of the request's first tool with arguments nested 5000 deep
                "huge", "gzip-bomb", "drip:<seconds>", "redirect", "nested", "bigint", "nan", "surrogate",
-               "control",
+               "control", "nested-arguments",
                # a proxy that routed the request to another model: the answer under OTHER_MODEL's name
                "other-model")
 _SIMPLE_FAULTS = ("429", "500", "503", "not-json", "truncated", "no-choices", "no-usage", "huge", "gzip-bomb",
-                  "redirect", "nested", "bigint", "nan", "surrogate", "control", "other-model")
+                  "redirect", "nested", "bigint", "nan", "surrogate", "control", "nested-arguments", "other-model")
 #: the model name of the "other-model" fault's answer
 OTHER_MODEL = "emu/other-model"
 #: the error message of the "control" fault: it would clear the line and forge a PASSED in a terminal

@@ -442,6 +442,12 @@ class Emulator(_Generation):
             response["choices"] = []
         elif fault_kind == "no-usage":
             response.pop("usage", None)
+        elif fault_kind == "nested-arguments" and path == "/v1/chat/completions":
+            tools = body.get("tools") or [{"function": {"name": "f"}}]
+            response["choices"][0]["finish_reason"] = "tool_calls"
+            response["choices"][0]["message"].update(content=None, tool_calls=[{
+                "id": "call_deep", "type": "function", "function": {
+                    "name": tools[0]["function"]["name"], "arguments": '{"a": ' * 5000 + "1" + "}" * 5000}}])
         if fault_kind == "not-json":
             h.send_body(
                 200, b"<html><body>502 Bad Gateway (emulated: not JSON)</body></html>", "application/json"
