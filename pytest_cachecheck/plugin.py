@@ -211,11 +211,13 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     terminal = session.config.pluginmanager.getplugin("terminalreporter")
     if terminal is None:
         return
+    from .terminal import setup_check_lines
+
     for name, runner in state.session.runners.items():
+        if state.setup_errors.get(name):
+            continue  # the header said why already
         label = "cachecheck: " + (f"target {name}: " if name is not None else "")
-        lines = ([f"{label}server not usable: {errors[name]}"] if errors.get(name) and not state.setup_errors.get(name)
-                 else [f"{label}warning: {w}" for w in (runner.setup.warnings if runner.setup is not None else [])])
-        for line in lines:
+        for line in setup_check_lines(label, runner.setup, errors.get(name)):
             terminal.write_line(printable(state.session.redactor.scrub(line), 4000))
 
 

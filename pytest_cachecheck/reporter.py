@@ -227,12 +227,8 @@ class Reporter:
     def _write_outputs(self, result: RunResult, session: pytest.Session) -> None:
         """The JSON report and the HTML page, from one verdict: when a file cannot be written, the verdict
         fails and the files that were written are written again to say so."""
-        from .htmlreport import write_html
-
-        s = self.session
-        scrub = s.redactor.scrub
-        outputs = [(path, write) for path, write in ((s.settings.report, write_report), (s.settings.html, write_html))
-                   if path]
+        scrub = self.session.redactor.scrub
+        outputs = [(path, write) for path, _, write in self._outputs()]
         pending = outputs
         while pending:
             report = result.report(int(session.exitstatus))
@@ -249,6 +245,14 @@ class Reporter:
             self._settle(session)
             pending = [(path, write) for path, write in outputs if path not in failed
                        and not any(e.startswith(path + ":") for e in self.report_errors)]
+
+    def _outputs(self) -> List[Tuple[str, str, Any]]:
+        """The plugin's output files asked for: (path, what it is, its writer)."""
+        from .htmlreport import write_html
+
+        settings = self.session.settings
+        return [(path, what, write) for path, what, write in ((settings.report, "JSON report", write_report),
+                                                               (settings.html, "HTML page", write_html)) if path]
 
     def _rerun_with_last_failed(self) -> None:
         """A failed verdict marks every selected probe and episode item as failed for ``--lf``, so a rerun
@@ -275,9 +279,7 @@ class Reporter:
         def scrub(text: str) -> str:  # no secret, and no server text that could forge a line
             return printable(self.session.redactor.scrub(text), TERMINAL_LINE)
 
-        settings = self.session.settings
-        files = [(path, what) for path, what in ((settings.report, "JSON report"), (settings.html, "HTML page"))
-                 if path]
+        files = [(path, what) for path, what, _ in self._outputs()]
         if self.measured_nothing():
             left = f"; no report was written, left as they were: {', '.join(scrub(p) for p, _ in files)}" if files else ""
             if not self.result.verdict.ok:

@@ -106,7 +106,15 @@ def setup_line(label: str, configured_mode: str, setup: Optional[Any], error: Op
         desc += (f" | hit_tolerance {setup.hit_tolerance} (raised"
                  + (f" from {configured_tolerance}" if configured_tolerance is not None else "")
                  + f" for the server's {setup.hit_tolerance + 1}-token cache blocks)")
-    return [desc] + [f"{label}warning: {w}" for w in setup.warnings]
+    return [desc] + setup_check_lines(label, setup, None)
+
+
+def setup_check_lines(label: str, setup: Optional[Any], error: Optional[str]) -> List[str]:
+    """What the setup checks that generate found for one target: the error that makes its server unusable,
+    else their warnings."""
+    if error:
+        return [f"{label}server not usable: {error}"]
+    return [f"{label}warning: {w}" for w in (setup.warnings if setup is not None else [])]
 
 
 # -- the summary --------------------------------------------------------------------------------------------
