@@ -83,7 +83,15 @@ def _token_parting(a: Optional[List[TokenLogprob]], b: Optional[List[TokenLogpro
 
 
 class MissingCounter(ServerSetupError):
-    pass
+    """A reply without the cached-token counter, where the hit check needs it."""
+
+    @classmethod
+    def check(cls, reply: Reply, where: str, client: ChatClient, skip_hit_check: bool) -> None:
+        """Raise when ``reply`` (of the request ``where`` names) lacks the counter and the hit is checked."""
+        if reply.cached_tokens is None and not skip_hit_check:
+            raise cls(f"{where}: the server at {client.http.shown} did not report cached tokens "
+                      f"(usage.prompt_tokens_details.cached_tokens is missing), so cache use cannot be checked; "
+                      f"turn reporting on with {client.reporting_flag}")
 
 
 def wrong_model_reason(exc: WrongModel) -> str:
@@ -165,11 +173,7 @@ class Runner:
         reply = client.chat(messages, max_tokens=self.settings.max_tokens, cache=fields, logprobs=logprobs)
         replies[name] = reply
         record.requests.append(reply.request(name, server))
-        if reply.cached_tokens is None and not self.settings.skip_hit_check:
-            raise MissingCounter(
-                f"{name}: the server at {client.http.shown} did not report cached tokens "
-                f"(usage.prompt_tokens_details.cached_tokens is missing), so cache use cannot be checked; "
-                f"turn reporting on with {client.reporting_flag}")
+        MissingCounter.check(reply, name, client, self.settings.skip_hit_check)
         return reply
 
     def _measure(self, setup: ServerSetup, probe: Probe, record: ProbeRecord, replies: Dict[str, Reply]) -> None:

@@ -115,11 +115,7 @@ def _walk(runner: Runner, client: ChatClient, episode: Episode, name: str, field
                                       reply.completion_tokens, reply.cached_tokens))
         if step in logprobs_at:
             seen.logprobs[(name, step)] = reply.logprobs
-        if reply.cached_tokens is None and not s.skip_hit_check:
-            raise MissingCounter(
-                f"{name}, step {step}: the server at {client.http.shown} did not report cached tokens "
-                f"(usage.prompt_tokens_details.cached_tokens is missing), so cache use cannot be checked; "
-                f"turn reporting on with {client.reporting_flag}")
+        MissingCounter.check(reply, f"{name}, step {step}", client, s.skip_hit_check)
         history.append(_assistant(step, reply.content, calls))
         if calls:
             for i, call in enumerate(calls):
