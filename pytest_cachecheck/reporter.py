@@ -10,7 +10,7 @@ it runs last in the ordinary loop; under xdist the controller runs it after ever
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Generator, List, Optional, Tuple
+from typing import Any, Dict, Generator, List, Optional, Set, Tuple
 
 import pytest
 
@@ -51,6 +51,7 @@ class Reporter:
         self.selected_episodes: Optional[List[str]] = None
         self.gate_selected = False  # cachecheck::gate is among the items selected (without xdist)
         self.report_errors: List[str] = []
+        self.unwritten: Set[str] = set()  # the output files that could not be written
         self.result: Optional[RunResult] = None
         self.report: Optional[RunReport] = None
         self.printed = False
@@ -228,8 +229,7 @@ class Reporter:
         """The JSON report and the HTML page, from one verdict: when a file cannot be written, the verdict
         fails and the files that were written are written again to say so."""
         scrub = self.session.redactor.scrub
-        outputs = [(path, write) for path, _, write in self._outputs()]
-        pending = outputs
+        pending = [(path, write) for path, _, write in self._outputs()]
         while pending:
             report = result.report(int(session.exitstatus))
             failed = []
@@ -238,13 +238,13 @@ class Reporter:
                     write(path, report, scrub)
                 except OSError as exc:
                     failed.append(path)
+                    self.unwritten.add(path)
                     self.report_errors.append(f"{path}: {exc}")
             if not failed:
                 break
             result.fail(Status.UNWRITTEN, "could not write " + ", ".join(failed))
             self._settle(session)
-            pending = [(path, write) for path, write in outputs if path not in failed
-                       and not any(e.startswith(path + ":") for e in self.report_errors)]
+            pending = [(path, write) for path, _, write in self._outputs() if path not in self.unwritten]
 
     def _outputs(self) -> List[Tuple[str, str, Any]]:
         """The plugin's output files asked for: (path, what it is, its writer)."""
@@ -299,5 +299,5 @@ class Reporter:
         for error in self.report_errors:
             tr.write_line(f"cachecheck: could not write {scrub(error)}", red=True)
         for path, what in files:
-            if not any(e.startswith(path + ":") for e in self.report_errors):
+            if path not in self.unwritten:
                 tr.write_line(f"cachecheck: {what} written to {scrub(path)}")

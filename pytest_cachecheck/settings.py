@@ -162,12 +162,6 @@ class Settings:
         shown["api_key_set"] = self.api_key is not None
         return "Settings(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
-    @property
-    def gated(self) -> bool:
-        """Whether the session verdict, not each divergent item, decides about divergences."""
-        return self.record or self.max_rate is not None or (self.baseline is not None
-                                                            and self.fail_on != "new-divergence")
-
     def public(self) -> Dict[str, Any]:
         """The settings as they may appear in a report: URLs without credentials, never the key."""
         return {
