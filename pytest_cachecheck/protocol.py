@@ -1,4 +1,4 @@
-"""The measurement: six requests per probe, the validity rules and the verdict.
+"""The measurement: six requests per probe, the divergence; the validity rules are in validity.py.
 
 Order of requests for one probe:
 
@@ -22,16 +22,17 @@ anatomy (token index, both tokens, both margins) never rests on a changed answer
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .clients import ChatClient, Reply, plugin_kinds
 from .clients.base import TokenLogprob
 from .errors import RequestError, ServerSetupError, WrongModel
-from .model import Checks, Divergence, EpisodeStep, HitCheck, Outcome, ProbeRecord
+from .model import Checks, Divergence, HitCheck, Outcome, ProbeRecord
 from .probes import Probe
 from .redact import Redactor
 from .servers import ServerSetup, resolve
 from .settings import Settings
+from .validity import MissingCounter, Rules, differs, inconclusive, untrusted, wrong_model_reason
 
 EXCERPT_BEFORE, EXCERPT_AFTER = 40, 40
 
@@ -80,35 +81,6 @@ def _token_parting(a: Optional[List[TokenLogprob]], b: Optional[List[TokenLogpro
         if x[0] != y[0]:
             return i, x, y
     return None
-
-
-class MissingCounter(ServerSetupError):
-    """A reply without the cached-token counter, where the hit check needs it."""
-
-    @classmethod
-    def check(cls, reply: Reply, where: str, client: ChatClient, skip_hit_check: bool) -> None:
-        """Raise when ``reply`` (of the request ``where`` names) lacks the counter and the hit is checked."""
-        if reply.cached_tokens is None and not skip_hit_check:
-            raise cls(f"{where}: the server at {client.http.shown} did not report cached tokens "
-                      f"(usage.prompt_tokens_details.cached_tokens is missing), so cache use cannot be checked; "
-                      f"turn reporting on with {client.reporting_flag}")
-
-
-def wrong_model_reason(exc: WrongModel) -> str:
-    """A probe or episode answered under another model name measured another model: inconclusive."""
-    return f"inconclusive: {exc}"
-
-
-def impossible_counts(reply: Union[Reply, EpisodeStep]) -> List[str]:
-    """What a reply's counters say that cannot be: negative counts, more cached tokens than the prompt."""
-    out = [f"{name} {value}" for name, value in (("prompt_tokens", reply.prompt_tokens),
-                                                 ("completion_tokens", reply.completion_tokens),
-                                                 ("cached_tokens", reply.cached_tokens))
-           if value is not None and value < 0]
-    if reply.cached_tokens is not None and reply.prompt_tokens is not None \
-            and reply.cached_tokens > reply.prompt_tokens >= 0:
-        out.append(f"cached_tokens {reply.cached_tokens} above prompt_tokens {reply.prompt_tokens}")
-    return out
 
 
 class Runner:
@@ -200,65 +172,41 @@ class Runner:
 
     def _judge(self, setup: ServerSetup, record: ProbeRecord, replies: Dict[str, Reply]) -> None:
         s = self.settings
-        tolerance = setup.tolerance(s.hit_tolerance)
-        problems: List[str] = []
-
-        impossible = [f"{name}: {', '.join(found)}" for name, reply in replies.items()
-                      for found in [impossible_counts(reply)] if found]
-        if impossible:
-            record.outcome = Outcome.INCONCLUSIVE
-            record.reason = ("inconclusive: the server reported impossible token counts, so its cache counters "
-                             "cannot be trusted: " + "; ".join(impossible))
+        rules = Rules(setup.tolerance(s.hit_tolerance), s.skip_hit_check,
+                      setup.cache.cache_plan(own_setting=setup.nocache is not None).clean_start)
+        bad = untrusted(list(replies.items()))
+        if bad:
+            record.outcome, record.reason = Outcome.INCONCLUSIVE, bad
             return
-
-        def compare(a: str, b: str, what: str) -> None:
-            at = first_difference(replies[a].content, replies[b].content)
-            if at is not None:
-                problems.append(f"{what} (from character {at})")
-
-        compare("cache-1/turn-1", "cache-2/turn-1", "the two cache runs gave different turn-1 answers")
-        compare("cache-1/turn-2", "cache-2/turn-2", "the two cache runs gave different turn-2 answers")
-        compare("recompute-1/turn-2", "recompute-2/turn-2", "the two recompute runs gave different answers")
-
-        clean_start = setup.cache.cache_plan(own_setting=setup.nocache is not None).clean_start
-        hits = []
+        problems = [p for a, b, what in (
+            ("cache-1/turn-1", "cache-2/turn-1", "the two cache runs gave different turn-1 answers"),
+            ("cache-1/turn-2", "cache-2/turn-2", "the two cache runs gave different turn-2 answers"),
+            ("recompute-1/turn-2", "recompute-2/turn-2", "the two recompute runs gave different answers"))
+            for p in [differs(what, first_difference(replies[a].content, replies[b].content), "character")] if p]
+        hits, missed = [], False
         for run in (1, 2):
             t1, t2 = replies[f"cache-{run}/turn-1"], replies[f"cache-{run}/turn-2"]
             assert t1.prompt_tokens is not None and t1.completion_tokens is not None
-            full = t1.prompt_tokens + t1.completion_tokens - 1
-            need = max(full - tolerance, 0)
-            hits.append(HitCheck(run, t2.cached_tokens, t1.prompt_tokens, t1.completion_tokens, need, full))
-            if s.skip_hit_check:
-                continue
-            cached = t2.cached_tokens
-            assert cached is not None
-            if cached < need:
-                problems.append(
-                    f"cache run {run}: turn-2 cache hit was {cached} tokens, expected at least {need} "
-                    f"(turn-1 prompt {t1.prompt_tokens} + answer {t1.completion_tokens} - 1 - tolerance "
-                    f"{tolerance})")
-            elif cached <= t1.prompt_tokens:
-                problems.append(
-                    f"cache run {run}: turn-2 cache hit was {cached} tokens, not past the turn-1 prompt "
-                    f"({t1.prompt_tokens} tokens); ask for a longer turn-1 answer or a smaller block size")
-            if clean_start and t1.cached_tokens:
-                problems.append(f"cache run {run}: turn 1 reused {t1.cached_tokens} cached tokens; it must "
-                                f"start from a clean state")
+            hits.append(HitCheck(run, t2.cached_tokens, t1.prompt_tokens, t1.completion_tokens, rules.need(t1),
+                                 rules.full(t1)))
+            hit = rules.hit(f"cache run {run}: turn-2 cache hit", t2.cached_tokens, t1, "turn-1",
+                            "the turn-1 prompt")
+            if hit is not None:
+                missed = True
+                problems.append(hit.text if hit.short else
+                                f"{hit.text}; ask for a longer turn-1 answer or a smaller block size")
+            problems += [p for p in [rules.clean(f"cache run {run}: turn 1", t1.cached_tokens)] if p]
         reasoned = max(replies[f"cache-{run}/turn-1"].reasoning_chars for run in (1, 2))
-        if reasoned and any("turn-2 cache hit was" in p for p in problems):
+        if reasoned and missed:
             problems.append(f"turn 1 came with {reasoned} characters of reasoning, which the server split off "
                             f"the answer and the turn-2 history (the answer only) does not carry; turn thinking "
                             f"off for this check")
-        reused = False
-        for run in (1, 2):
-            r = replies[f"recompute-{run}/turn-2"]
-            if r.cached_tokens:
-                reused = True
-                problems.append(f"recompute run {run} reused {r.cached_tokens} cached tokens, expected 0")
-        record.checks = Checks(tolerance, s.skip_hit_check, hits, reused)
+        reuse = [p for run in (1, 2) for p in [rules.no_reuse(f"recompute run {run}",
+                                                              replies[f"recompute-{run}/turn-2"].cached_tokens)] if p]
+        problems += reuse
+        record.checks = Checks(rules.tolerance, s.skip_hit_check, hits, bool(reuse))
         if problems:
-            record.outcome = Outcome.INCONCLUSIVE
-            record.reason = "inconclusive: " + "; ".join(problems)
+            record.outcome, record.reason = Outcome.INCONCLUSIVE, inconclusive(problems)
             return
         # run 2 repeats run 1 (checked above) and carries the logprobs where they were asked for
         cache, recompute = replies["cache-2/turn-2"], replies["recompute-2/turn-2"]

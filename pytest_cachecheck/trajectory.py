@@ -26,8 +26,8 @@ from .clients import ChatClient
 from .episodes import Episode
 from .errors import RequestError, ServerSetupError, WrongModel
 from .model import Divergence, EpisodeRecord, EpisodeStep, Outcome, Parting, Path, ToolCall
-from .protocol import (MissingCounter, Runner, _token_parting, excerpt, first_difference, impossible_counts,
-                       wrong_model_reason)
+from .protocol import Runner, _token_parting, excerpt, first_difference
+from .validity import MissingCounter, Rules, differs, inconclusive, untrusted, wrong_model_reason
 from .servers import ServerSetup
 
 Fields = Callable[[int], Dict[str, Any]]
@@ -50,7 +50,8 @@ def measure_episode(runner: Runner, episode: Episode) -> EpisodeRecord:
     seen = _Seen()
     try:
         setup = runner.prepare()
-        record.hit_tolerance = setup.tolerance(runner.settings.hit_tolerance)
+        rules = _rules(runner, setup)
+        record.hit_tolerance = rules.tolerance
         cache_1 = _walk(runner, setup.cache, episode, "cache-1", _cache_fields(setup), (), record, seen)
         recompute_client = setup.nocache or setup.cache
         scratch = _scratch_fields(setup)
@@ -60,10 +61,10 @@ def measure_episode(runner: Runner, episode: Episode) -> EpisodeRecord:
         short = set()  # the calls a cache-1 hit stopped inside of: their tokens tell what the template did
         if runner.settings.logprobs and not runner.settings.skip_hit_check:
             short = {prev.step for prev, cur in zip(cache_1.steps, cache_1.steps[1:])
-                     if _stops_in_call(prev, cur, record.hit_tolerance or 0)}
+                     if prev.tool_calls and rules.stops_inside(cur.cached_tokens, prev)}
         _walk(runner, setup.cache, episode, "cache-2", _cache_fields(setup), want | short, record, seen)
         _walk(runner, recompute_client, episode, "recompute-2", scratch, want, record, seen)
-        _judge(setup, record, seen, runner.settings.skip_hit_check, episode)
+        _judge(setup, record, seen, rules, episode)
     except WrongModel as exc:
         record.outcome = Outcome.INCONCLUSIVE
         record.reason = runner.redactor.scrub(wrong_model_reason(exc))
@@ -154,20 +155,6 @@ def _ignored_calls(episode: Episode, record: EpisodeRecord) -> List[str]:
     return found
 
 
-def _need(prev: EpisodeStep, tolerance: int) -> int:
-    """The least hit the step after ``prev`` must report: prev's prompt + answer - 1, less the tolerance."""
-    assert prev.prompt_tokens is not None and prev.completion_tokens is not None
-    return max(prev.prompt_tokens + prev.completion_tokens - 1 - tolerance, 0)
-
-
-def _stops_in_call(prev: EpisodeStep, cur: EpisodeStep, tolerance: int) -> bool:
-    """Whether the hit of ``cur`` fell short of :func:`_need` but reached past ``prev``'s prompt into its
-    tool call."""
-    assert prev.prompt_tokens is not None
-    cached = cur.cached_tokens or 0
-    return bool(prev.tool_calls) and prev.prompt_tokens - tolerance - 1 < cached < _need(prev, tolerance)
-
-
 def _call_cause(client: ChatClient, episode: Episode, seen: _Seen, step: int) -> str:
     """Why a hit stopped inside step ``step``'s tool call, from the tokens cache-2 generated there (their
     logprobs) and the prompts the server's template renders before and after that step."""
@@ -193,10 +180,14 @@ def _call_cause(client: ChatClient, episode: Episode, seen: _Seen, step: int) ->
             f"generated {excerpt(generated, at)}, rendered {excerpt(rendered, at)}")
 
 
-def _judge(setup: ServerSetup, record: EpisodeRecord, seen: _Seen, skip_hit_check: bool,
+def _rules(runner: Runner, setup: ServerSetup) -> Rules:
+    return Rules(setup.tolerance(runner.settings.hit_tolerance), runner.settings.skip_hit_check,
+                 setup.cache.cache_plan(own_setting=setup.nocache is not None).clean_start)
+
+
+def _judge(setup: ServerSetup, record: EpisodeRecord, seen: _Seen, rules: Rules,
            episode: Optional[Episode] = None) -> None:
     paths = {p.name: p for p in record.paths}
-    problems: List[str] = []
     ignored = _ignored_calls(episode, record) if episode is not None else []
     if ignored:
         record.outcome = Outcome.INCONCLUSIVE
@@ -205,55 +196,35 @@ def _judge(setup: ServerSetup, record: EpisodeRecord, seen: _Seen, skip_hit_chec
                          + "; ".join(ignored[:MAX_SHOWN_PROBLEMS])
                          + (f" and {len(ignored) - MAX_SHOWN_PROBLEMS} more" if ignored[MAX_SHOWN_PROBLEMS:] else ""))
         return
-    impossible = [f"{p.name} step {st.step}: {', '.join(found)}" for p in record.paths for st in p.steps
-                  for found in [impossible_counts(st)] if found]
-    if impossible:
-        record.outcome = Outcome.INCONCLUSIVE
-        record.reason = ("inconclusive: the server reported impossible token counts, so its cache counters "
-                         "cannot be trusted: " + "; ".join(impossible[:MAX_SHOWN_PROBLEMS]))
+    bad = untrusted([(f"{p.name} step {st.step}", st) for p in record.paths for st in p.steps], MAX_SHOWN_PROBLEMS)
+    if bad:
+        record.outcome, record.reason = Outcome.INCONCLUSIVE, bad
         return
-    for a, b, what in (("cache-1", "cache-2", "the two cache runs"), ("recompute-1", "recompute-2",
-                                                                         "the two recompute runs")):
-        step = _parting_step(paths[a], paths[b])
-        if step is not None:
-            problems.append(f"{what} took different trajectories (from step {step})")
-    tolerance = record.hit_tolerance or 0
+    problems = [p for a, b, what in (("cache-1", "cache-2", "the two cache runs"),
+                                     ("recompute-1", "recompute-2", "the two recompute runs"))
+                for p in [differs(f"{what} took different trajectories", _parting_step(paths[a], paths[b]), "step")]
+                if p]
     told: Set[int] = set()
-    clean_start = setup.cache.cache_plan(own_setting=setup.nocache is not None).clean_start
     for name in ("cache-1", "cache-2"):
         steps = paths[name].steps
-        if clean_start and steps and steps[0].cached_tokens:
-            problems.append(f"{name} step 1 reused {steps[0].cached_tokens} cached tokens; it must start from a "
-                            f"clean state")
-        if skip_hit_check:
-            continue
+        problems += [p for p in [rules.clean(f"{name} step 1", steps[0].cached_tokens if steps else None)] if p]
         for prev, cur in zip(steps, steps[1:]):
-            assert prev.prompt_tokens is not None
-            need = _need(prev, tolerance)
-            cached = cur.cached_tokens or 0
-            after_call = " (after a tool call)" if prev.tool_calls else ""
-            if cached < need:
-                problem = (f"{name} step {cur.step}: cache hit was {cached} tokens, expected at least {need} "
-                           f"(step {prev.step} prompt {prev.prompt_tokens} + answer {prev.completion_tokens} - 1 - "
-                           f"tolerance {tolerance}){after_call}")
-                if episode is not None and _stops_in_call(prev, cur, tolerance) and prev.step not in told:
-                    told.add(prev.step)  # cache-1 and cache-2 share one trajectory: the cause is said once
-                    problem += _call_cause(setup.cache, episode, seen, prev.step)
-                problems.append(problem)
-            elif cached <= prev.prompt_tokens:
-                empty = "" if prev.content or prev.tool_calls else (
-                    f"; step {prev.step}'s answer was empty, so no answer token could be reused")
-                problems.append(f"{name} step {cur.step}: cache hit was {cached} tokens, not past step {prev.step}'s "
-                                f"prompt ({prev.prompt_tokens} tokens){after_call}{empty}")
-    for name in ("recompute-1", "recompute-2"):
-        for st in paths[name].steps:
-            if st.cached_tokens:
-                problems.append(f"{name} step {st.step} reused {st.cached_tokens} cached tokens, expected 0")
+            hit = rules.hit(f"{name} step {cur.step}: cache hit", cur.cached_tokens, prev, f"step {prev.step}",
+                            f"step {prev.step}'s prompt")
+            if hit is None:
+                continue
+            problem = hit.text + (" (after a tool call)" if prev.tool_calls else "")
+            if hit.short and episode is not None and prev.tool_calls \
+                    and rules.stops_inside(cur.cached_tokens, prev) and prev.step not in told:
+                told.add(prev.step)  # cache-1 and cache-2 share one trajectory: the cause is said once
+                problem += _call_cause(setup.cache, episode, seen, prev.step)
+            elif not hit.short and not (prev.content or prev.tool_calls):
+                problem += f"; step {prev.step}'s answer was empty, so no answer token could be reused"
+            problems.append(problem)
+    problems += [p for name in ("recompute-1", "recompute-2") for st in paths[name].steps
+                 for p in [rules.no_reuse(f"{name} step {st.step}", st.cached_tokens)] if p]
     if problems:
-        record.outcome = Outcome.INCONCLUSIVE
-        shown = problems[:MAX_SHOWN_PROBLEMS]
-        more = len(problems) - len(shown)
-        record.reason = "inconclusive: " + "; ".join(shown) + (f"; and {more} more" if more else "")
+        record.outcome, record.reason = Outcome.INCONCLUSIVE, inconclusive(problems, MAX_SHOWN_PROBLEMS)
         return
     cache, recompute = paths["cache-1"], paths["recompute-1"]
     step = _parting_step(cache, recompute)
