@@ -43,7 +43,7 @@ def episode(cachecheck_episode: object, cachecheck_episode_result: EpisodeRecord
 class GateItem(pytest.Item):
     """``cachecheck::gate``, run after every probe and episode: fails with the session verdict's reason when
     the verdict fails (a divergence, a rate or baseline gate, too few valid probes, a selected probe without
-    a measurement, the gate selected without the probes it judges, ...), so the failure shows where pytest's
+    a measurement, ...), so the failure shows where pytest's
     own results do. ``verdict`` gives the session verdict on what was measured so far."""
 
     def __init__(self, *, verdict: Callable[[], Verdict], **kwargs: Any) -> None:

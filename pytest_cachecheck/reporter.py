@@ -2,9 +2,9 @@
 its verdict, writes the JSON report and the HTML page, and prints the summary. Registered only when the
 plugin is on, and only on the controller.
 
-The verdict is also a test item, ``cachecheck::gate``, added after the last selected probe: without xdist
-it runs last in the ordinary loop; under xdist the controller runs it after every worker has finished
-(the workers never see it), so it always judges every probe.
+The verdict is also a test item, ``cachecheck::gate``, run after the test loop when a probe or an episode
+was selected (under xdist by the controller, after every worker has finished; the workers never see it), so
+it always judges every probe. It is never collected: no selection can pick it alone.
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ class Reporter:
         self.episodes: Dict[str, EpisodeRecord] = {}
         self.episode_checks: List[EpisodeRecord] = []
         self.selected_episodes: Optional[List[str]] = None
-        self.gate_selected = False  # cachecheck::gate is among the items selected (without xdist)
         self.report_errors: List[str] = []
         self.unwritten: Set[str] = set()  # the output files that could not be written
         self.result: Optional[RunResult] = None
@@ -69,8 +68,7 @@ class Reporter:
             episodes = EpisodeInput(s.episode_set, [e.id for e in s.episodes], self.episodes,
                                     self.selected_episodes)
         return summarise(s.settings, s.probe_set, [p.id for p in s.probes], s.target_inputs(), self.records,
-                         self.checks, self.selected, s.baselines, interrupted, episodes, self.episode_checks,
-                         self.gate_selected)
+                         self.checks, self.selected, s.baselines, interrupted, episodes, self.episode_checks)
 
     def measured_nothing(self) -> bool:
         """Whether this run set out to measure nothing: --collect-only, or a selection (-k, -m, --deselect)
@@ -82,37 +80,22 @@ class Reporter:
         return not (self.selected or self.selected_episodes or self.records or self.episodes or self.checks
                     or self.episode_checks)
 
-    def _gate(self, parent: Any, **kwargs: Any) -> _items.GateItem:
-        return _items.GateItem.from_parent(parent, name=_items.GATE, verdict=self.gate_verdict, **kwargs)
-
-    @pytest.hookimpl(trylast=True)
-    def pytest_collection_modifyitems(self, session: pytest.Session, items: List[pytest.Item]) -> None:
-        """Without xdist: the gate goes after the items selected (-k, -m, ...) when a probe or an episode is
-        among them."""
-        probes = [i for i in items if _collect.item_key(i) is not None]
-        if self.controller_of_workers or not probes:
-            return
-        gate = self._gate(probes[0].parent)
-        items.append(gate)
-        report = pytest.CollectReport(_collect.MODULE, "passed", None, [gate])
-        self.config.hook.pytest_collectreport(report=report)
-
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, None]:
-        """Under xdist: the gate, on the controller, once every worker has finished."""
+        """The gate, by one path in every mode: after the loop (under xdist: on the controller, once every
+        worker has finished), so it judges every selected probe and episode, whatever reordered the items."""
         outcome = yield
-        if (not self.controller_of_workers or not (self.selected or self.selected_episodes)
-                or outcome.excinfo is not None
+        if (not (self.selected or self.selected_episodes) or outcome.excinfo is not None
                 or session.shouldfail or session.shouldstop or self.config.option.collectonly):
             return
-        gate = self._gate(session, nodeid=_collect.GATE_NODEID)
+        gate = _items.GateItem.from_parent(session, name=_items.GATE, nodeid=_collect.GATE_NODEID,
+                                           verdict=self.gate_verdict)
         session.testscollected += 1
         gate.ihook.pytest_runtest_protocol(item=gate, nextitem=None)
 
     def pytest_collection_finish(self, session: pytest.Session) -> None:
         items = [] if self.config.option.collectonly else session.items  # --collect-only runs nothing
         self._select([key for key in map(_collect.item_key, items) if key is not None])
-        self.gate_selected = any(isinstance(i, _items.GateItem) for i in items)
 
     def _select(self, keys: List[Tuple[str, str]]) -> None:
         """The probes and episodes selected to run, from (kind, record key) pairs in run order."""

@@ -307,12 +307,10 @@ def _unexpected(record: Union[ProbeRecord, EpisodeRecord]) -> bool:
 def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str], targets: Sequence[TargetInput],
               records: Mapping[str, ProbeRecord], checks: Sequence[ProbeRecord], selected: Optional[Sequence[str]],
               baselines: Mapping[Optional[str], Baseline], interrupted: Union[bool, str],
-              episodes: Optional[EpisodeInput] = None, episode_checks: Sequence[EpisodeRecord] = (),
-              gate_selected: bool = False) -> RunResult:
+              episodes: Optional[EpisodeInput] = None, episode_checks: Sequence[EpisodeRecord] = ()) -> RunResult:
     """The verdict of every target and of the session. ``records`` are keyed by ``record_key``;
     ``selected`` holds the record keys of the probe items selected to run (None: all); ``interrupted``
-    may be the text of the verdict saying how the run was interrupted; ``gate_selected``: the gate item was
-    selected to run (a gate selected without a probe or episode to judge never passes)."""
+    may be the text of the verdict saying how the run was interrupted."""
     chosen = set(selected) if selected is not None else None
     chosen_episodes = set(episodes.selected) if episodes is not None and episodes.selected is not None else None
     every: List[Union[ProbeRecord, EpisodeRecord]] = [*records.values(), *checks, *episode_checks]
@@ -371,9 +369,4 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
     else:
         verdict = results[0].verdict
     result = RunResult(settings, probe_set, results, verdict, list(checks), episodes, list(episode_checks))
-    if gate_selected and not interrupted and not selected and not (episodes is not None and episodes.selected):
-        result.fail(Status.NOT_MEASURED, "the gate item (cachecheck::gate) was selected without any probe or "
-                                         "episode to judge (--lf with a last-failed list naming only the gate, "
-                                         "or another plugin's selection), so nothing was measured; run the "
-                                         "probes with it")
     return result
