@@ -63,7 +63,11 @@ def test_importing_the_package_loads_nothing_else():
 def test_the_version_is_written_once():
     """pyproject.toml reads the version from the package, as setuptools expands it when it builds."""
     pyprojecttoml = pytest.importorskip("setuptools.config.pyprojecttoml")
-    config = pyprojecttoml.read_configuration(REPO / "pyproject.toml", expand=True)
+    import setuptools
+    # a setuptools older than the build's (77, PEP 639's license expression) cannot validate the license; the
+    # version still has to expand (tests/support/release.py checks the built wheel's version as well)
+    old = int(setuptools.__version__.split(".")[0]) < 77
+    config = pyprojecttoml.read_configuration(REPO / "pyproject.toml", expand=True, ignore_option_errors=old)
     assert "version" in config["project"]["dynamic"]
     assert config["project"]["version"] == pytest_cachecheck.__version__
 

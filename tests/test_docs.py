@@ -68,3 +68,15 @@ def test_the_reference_moved_out_of_the_readme():
         assert heading not in readme
     for link in re.findall(r"\(https://github\.com/pytest-cachecheck/pytest-cachecheck/blob/main/([^)#]+)", readme):
         assert (ROOT / link).exists(), link
+
+
+def test_the_release_workflow_publishes_what_it_checked_with_trusted_publishing():
+    text = (ROOT / "examples" / "release.yml").read_text()
+    for wanted in ("python -m build", "twine check --strict dist/*", "id-token: write",
+                   "uses: pypa/gh-action-pypi-publish@release/v1", "name: pypi"):
+        assert wanted in text, wanted
+    assert "password:" not in text and "secrets." not in text  # no API token: the OIDC identity is the credential
+    # the tag check reads the version where pyproject.toml reads it
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert 'version = { attr = "pytest_cachecheck.__version__" }' in pyproject
+    assert "import pytest_cachecheck; print(pytest_cachecheck.__version__)" in text
