@@ -7,6 +7,7 @@ probe module and the xdist placement. State lives on ``config.stash``.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import subprocess
@@ -55,9 +56,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     if mistake:
         raise pytest.UsageError(mistake)
     group = parser.getgroup("cachecheck", "prompt-cache divergence (pytest-cachecheck)")
-    for spec in OPTIONS:
-        dest = "cachecheck_" + spec.name
+    for spec in OPTIONS:  # every option as settings.OPTIONS declares it
+        dest = spec.ini
         text = spec.help + (f" [env {spec.env}]" if spec.env else "") + f" [ini {spec.ini}]"
+        text = text if spec.public else argparse.SUPPRESS
         if spec.kind == "bool":
             group.addoption(spec.flag, action="store_true", dest=dest, default=False, help=text)
             parser.addini(spec.ini, spec.help + " (true or false)", default="")  # validated by the plugin
