@@ -113,23 +113,18 @@ Parser = Callable[[str, Any, Path], Any]
 
 @dataclass(frozen=True)
 class OptionSpec:
-    """One option, declared once. Adding an option is one spec in :data:`OPTIONS`, one :class:`Settings`
-    field and one row of the README's options table (tests/test_options.py checks that they agree).
+    """One option, declared once; adding one is a spec here, a :class:`Settings` field and a README row.
 
-    - ``name``: the raw key; the ini key and the argparse dest are ``cachecheck_<name>``.
-    - ``flag`` and ``help``: --help adds the environment variable and the ini key to the text.
-    - ``parse(name, value, base_dir)``: the value given (a str; a list for kind ``list``; a bool or a
-      number from a TOML ini; never None, an option not given keeps its field's default) -> the value of
-      its Settings field. A bad value raises ``_bad(name, value, "what is allowed")``, which names the
-      flag and the ini key. Rules between options go in :data:`RULES`, not here.
-    - ``setting``: the Settings field it fills (default: ``name``); that field's default is the option's.
-    - ``env``: an environment variable, read after the command line and the ini key; None for most.
-    - ``kind``: ``str`` (one value), ``bool`` (a flag; in the ini true or false) or ``list`` (repeatable;
-      in the ini one per line).
-    - ``metavar``: the value's name in --help; ``PATH`` marks a path (in the ini, relative to its folder).
-    - ``reproduced``: copied into the reproduce line (:func:`reproduce_args`) when not its default.
-    - ``public``: listed in --help, the README and :func:`options_markdown` (False hides it from all).
-    - ``shown``: how an error message shows a bad value (a URL without its password, a key not at all).
+    ``name``: the raw key; ini key and argparse dest ``cachecheck_<name>``. ``flag``, ``help`` (--help adds
+    the env variable and the ini key). ``parse(name, value, base_dir)``: a value given (a str, a list for
+    kind ``list``, a bool or number from a TOML ini; never None: an option not given keeps its default) ->
+    the value of its Settings field; a bad one raises ``_bad(name, value, "what is allowed")``, naming the
+    flag and ini key (rules between options go in :data:`RULES`). ``setting``: the field it fills (default
+    ``name``), whose default is the option's. ``env``: read after command line and ini. ``kind``: ``str``,
+    ``bool`` (a flag; in the ini true or false) or ``list`` (repeatable; in the ini one per line).
+    ``metavar``: ``PATH`` marks a path (in the ini, relative to its folder). ``reproduced``: in the
+    reproduce line when not its default. ``public``: in --help, the README and :func:`options_markdown`.
+    ``shown``: how an error shows a bad value (a URL without its password, a key not at all).
     """
 
     name: str
@@ -150,7 +145,6 @@ class OptionSpec:
 
     @property
     def field(self) -> str:
-        """The Settings field the option fills."""
         return self.setting or self.name
 
     @property
@@ -211,14 +205,12 @@ def _without_v1(url: str) -> str:
 
 def _v1_notes(raw: Mapping[str, Any], targets: Sequence[Tuple[str, str]]) -> Tuple[str, ...]:
     """A note for each URL given with /v1 at its end, which the plugin took off."""
-    urls = raw.get("url") or []
-    given = [("--cachecheck-url", str(u).strip()) for u in (urls.split() if isinstance(urls, str) else urls)]
+    given = [("--cachecheck-url", u.strip()) for u in _listed(raw.get("url"))]
     if raw.get("nocache_url"):
         given.append(("--cachecheck-nocache-url", str(raw["nocache_url"]).strip()))
     if targets:
-        entries = raw["target"].split() if isinstance(raw["target"], str) else [str(v) for v in raw["target"]]
         given = [(f"--cachecheck-target {e.strip().partition('=')[0]}=", e.strip().partition("=")[2].strip())
-                 for e in entries]
+                 for e in _listed(raw["target"])]
     notes = []
     for flag, url in given:
         root = _without_v1(url.rstrip("/"))
@@ -244,28 +236,16 @@ def _api_key(name: str, value: Any, base: Path) -> Optional[str]:
     return key
 
 
-def _int(low: int, high: int) -> Parser:
-    def parse(name: str, value: Any, base: Path) -> int:
-        try:
-            number = int(str(value).strip())
-        except ValueError:
-            raise _bad(name, value, f"a whole number from {low} to {high}") from None
-        if not low <= number <= high:
-            raise _bad(name, value, f"a whole number from {low} to {high}")
-        return number
-    return parse
-
-
-def _float(low: float, high: float, *, low_open: bool = False) -> Parser:
+def _number(low: float, high: float, *, whole: bool = False, low_open: bool = False) -> Parser:
     def parse(name: str, value: Any, base: Path) -> float:
         try:
-            number = float(str(value).strip())
+            number = (int if whole else float)(str(value).strip())
         except ValueError:
             number = math.nan
-        ok = math.isfinite(number) and (number > low if low_open else number >= low) and number <= high
-        if not ok:
+        if not (math.isfinite(number) and (number > low if low_open else number >= low) and number <= high):
             bound = f"greater than {low:g}" if low_open else f"at least {low:g}"
-            raise _bad(name, value, f"a number {bound} and at most {high:g}")
+            raise _bad(name, value, f"a whole number from {low} to {high}" if whole
+                       else f"a number {bound} and at most {high:g}")
         return number
     return parse
 
@@ -326,12 +306,7 @@ def _output(name: str, value: Any, base: Path) -> Optional[str]:
 def _writable_report(value: str, base: Path, name: str) -> str:
     if not value.strip() or value.endswith(("/", os.sep)):
         raise _bad(name, value, "a file path (not empty, not ending in a path separator)")
-    try:
-        path = Path(value).expanduser()
-    except RuntimeError:
-        raise _bad(name, value, "a path whose ~user exists") from None
-    if not path.is_absolute():
-        path = base / path
+    path = Path(_path(name, value, base))
     if path.is_dir():
         raise _bad(name, value, "a file path, not a directory")
     try:
@@ -437,14 +412,14 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                "episodes (multi-step conversations with tool calls) to run besides the probes: a JSONL or "
                "JSON-array episode file, or 'builtin' for the 20 built-in ones; may be given more than once",
                _paths, "episode_files", kind="list", metavar="PATH", reproduced=True),
-    OptionSpec("n", "--cachecheck-n", "run only the first N probes", _int(1, 1_000_000), metavar="N",
-               reproduced=True),
+    OptionSpec("n", "--cachecheck-n", "run only the first N probes", _number(1, 1_000_000, whole=True),
+               metavar="N", reproduced=True),
     OptionSpec("max_tokens", "--cachecheck-max-tokens",
                f"answer length in tokens (default {DEFAULT_MAX_TOKENS})",
-               _int(1, 131072), metavar="N", reproduced=True),
+               _number(1, 131072, whole=True), metavar="N", reproduced=True),
     OptionSpec("hit_tolerance", "--cachecheck-hit-tolerance",
                f"how many tokens short of turn-1 prompt + answer a cache hit may be (default "
-               f"{DEFAULT_TOLERANCE})", _int(0, 1_000_000), metavar="N", reproduced=True),
+               f"{DEFAULT_TOLERANCE})", _number(0, 1_000_000, whole=True), metavar="N", reproduced=True),
     OptionSpec("skip_hit_check", "--cachecheck-skip-hit-check",
                "do not require a cache hit on the cache path: the both-caches-off control in two-servers "
                "mode", lambda n, v, b: _bool(n, v or False, b), kind="bool", reproduced=True),
@@ -463,7 +438,7 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                _choice(FAIL_POLICIES), metavar="POLICY"),
     OptionSpec("max_rate", "--cachecheck-max-rate",
                "fail the session when the divergence rate (different / valid) exceeds R; divergent probes "
-               "are then reported as expected failures", _float(0.0, 1.0), metavar="R"),
+               "are then reported as expected failures", _number(0.0, 1.0), metavar="R"),
     OptionSpec("no_logprobs", "--cachecheck-no-logprobs",
                "do not ask for top-2 logprobs on turn-2 requests (they give each divergence its margin)",
                lambda n, v, b: not _bool(n, v or False, b), "logprobs", kind="bool", reproduced=True),
@@ -480,10 +455,10 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                lambda n, v, b: v or None, metavar="ARGS", reproduced=True),
     OptionSpec("timeout", "--cachecheck-timeout",
                f"a deadline in seconds for each whole request (default {DEFAULT_TIMEOUT:g})",
-               _float(0.0, 86400.0, low_open=True), metavar="SECONDS"),
+               _number(0.0, 86400.0, low_open=True), metavar="SECONDS"),
     OptionSpec("min_valid", "--cachecheck-min-valid",
                f"fraction of probes that must be valid for a pass (default {DEFAULT_MIN_VALID})",
-               _float(0.0, 1.0), metavar="FRACTION"),
+               _number(0.0, 1.0), metavar="FRACTION"),
 )
 SPECS: Dict[str, OptionSpec] = {o.name: o for o in OPTIONS}
 #: the options reproduce_args writes first, as how the run chose its server
@@ -613,28 +588,16 @@ def reproduce_args(settings: Settings) -> Sequence[str]:
 
 
 def options_markdown() -> str:
-    """The public options as a Markdown table (flag, ini key, environment variable, default, help), for
-    the docs."""
+    """The public options as a Markdown table (flag, ini key, env variable, default, help), for the docs."""
     rows = ["| Option | ini key | env | default | what it does |", "|---|---|---|---|---|"]
-    for spec in OPTIONS:
-        if not spec.public:
-            continue
-        flag = spec.flag + (f" {spec.metavar}" if spec.metavar else "")
-        more = " (repeatable)" if spec.kind == "list" else ""
-        default = spec.default if spec.kind != "bool" and spec.default not in (None, ()) else ""
-        shown = f"`{default:g}`" if isinstance(default, float) else f"`{default}`" if default != "" else ""
-        env = f"`{spec.env}`" if spec.env else ""
-        text = spec.help.replace("|", "\\|")
-        rows.append(f"| `{flag}`{more} | `{spec.ini}` | {env} | {shown} | {text} |")
+    for spec in (spec for spec in OPTIONS if spec.public):
+        default = None if isinstance(spec.default, bool) or spec.default in (None, ()) else spec.default
+        shown = "" if default is None else f"`{default:g}`" if isinstance(default, float) else f"`{default}`"
+        flag = f"`{spec.flag} {spec.metavar}`" if spec.metavar else f"`{spec.flag}`"
+        cells = [flag + (" (repeatable)" if spec.kind == "list" else ""), f"`{spec.ini}`",
+                 f"`{spec.env}`" if spec.env else "", shown, spec.help.replace("|", "\\|")]
+        rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
-
-def _same_file(a: str, b: str) -> bool:
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)  # hard links
-    except OSError:
-        return False
 
 
 def check_outputs(settings: Settings, others: Mapping[str, Optional[str]]) -> None:
