@@ -38,8 +38,8 @@ DEFAULT_MIN_VALID = 0.8
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a run needs, validated. The API key is kept out of ``repr``. A field an option fills
-    holds that option's default."""
+    """Everything a run needs, validated; a field an option fills holds its default. The API key is kept
+    out of ``repr``."""
 
     url: str
     mode: str = MODES[0]
@@ -290,10 +290,9 @@ def _path(name: str, value: Any, base: Path, allowed: str = "a path whose ~user 
 
 def _paths(name: str, value: Any, base: Path) -> Tuple[str, ...]:
     """Input files; for episodes, ``builtin`` is the set that ships with the plugin."""
-    if name != "episodes":
-        return tuple(_path(name, f, base) for f in _listed(value))
-    return tuple(f if f == "builtin" else _path(name, f, base, "a path whose ~user exists, or 'builtin'")
-                 for f in _listed(value))
+    builtin = name == "episodes"
+    allowed = "a path whose ~user exists" + (", or 'builtin'" if builtin else "")
+    return tuple(f if builtin and f == "builtin" else _path(name, f, base, allowed) for f in _listed(value))
 
 
 def _output(name: str, value: Any, base: Path) -> Optional[str]:
@@ -461,8 +460,6 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                _number(0.0, 1.0), metavar="FRACTION"),
 )
 SPECS: Dict[str, OptionSpec] = {o.name: o for o in OPTIONS}
-#: the options reproduce_args writes first, as how the run chose its server
-SERVER_CHOICE = ("serve", "server_args", "url", "target", "mode")
 
 #: What must hold between options, one sentence each: (broken(settings, raw values), the error, formatted
 #: with ``s``, the settings). Checked in this order once every option is parsed.
@@ -579,9 +576,10 @@ def reproduce_args(settings: Settings) -> Sequence[str]:
         args = ([f"--cachecheck-target={n}={display_url(u)}" for n, u in settings.targets]
                 or [f"--cachecheck-url={display_url(u)}" for u in settings.replicas or (settings.url,)])
         args.append(f"--cachecheck-mode={settings.mode}")
+    server = ("serve", "server_args", "url", "target", "mode")  # written above: how the run chose its server
     for spec in OPTIONS:
         value = getattr(settings, spec.field)
-        if spec.reproduced and spec.name not in SERVER_CHOICE and value != spec.default:
+        if spec.reproduced and spec.name not in server and value != spec.default:
             values = value if spec.kind == "list" else [spec.shown(value) if spec.shown else value]
             args += [spec.flag] if spec.kind == "bool" else [f"{spec.flag}={v}" for v in values]
     return args
@@ -598,6 +596,15 @@ def options_markdown() -> str:
                  f"`{spec.env}`" if spec.env else "", shown, spec.help.replace("|", "\\|")]
         rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows) + "\n"
+
+
+def _same_file(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links
+    except OSError:
+        return False
 
 
 def check_outputs(settings: Settings, others: Mapping[str, Optional[str]]) -> None:
