@@ -7,6 +7,7 @@ probe module and the xdist placement. State lives on ``config.stash``.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shlex
 import subprocess
@@ -55,20 +56,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     if mistake:
         raise pytest.UsageError(mistake)
     group = parser.getgroup("cachecheck", "prompt-cache divergence (pytest-cachecheck)")
-    for spec in OPTIONS:
-        dest = "cachecheck_" + spec.name
+    for spec in OPTIONS:  # every option as settings.OPTIONS declares it
         text = spec.help + (f" [env {spec.env}]" if spec.env else "") + f" [ini {spec.ini}]"
-        if spec.kind == "bool":
-            group.addoption(spec.flag, action="store_true", dest=dest, default=False, help=text)
-            parser.addini(spec.ini, spec.help + " (true or false)", default="")  # validated by the plugin
-        elif spec.kind == "list":
-            group.addoption(spec.flag, action="append", dest=dest, default=None, metavar=spec.metavar,
-                            help=text)
-            parser.addini(spec.ini, spec.help, type="linelist", default=[])
-        else:
-            group.addoption(spec.flag, action="store", dest=dest, default=None, metavar=spec.metavar,
-                            help=text)
-            parser.addini(spec.ini, spec.help, default="")
+        shown: Dict[str, Any] = {"help": text if spec.public else argparse.SUPPRESS}
+        if spec.kind != "bool":
+            shown["metavar"] = spec.metavar
+        action = {"bool": "store_true", "list": "append"}.get(spec.kind, "store")
+        default = False if spec.kind == "bool" else None
+        group.addoption(spec.flag, dest=spec.ini, action=action, default=default, **shown)
+        many = spec.kind == "list"  # the plugin validates each ini value, a bool's too
+        parser.addini(spec.ini, spec.help + (" (true or false)" if spec.kind == "bool" else ""),
+                      type="linelist" if many else None, default=[] if many else "")
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -1,5 +1,10 @@
 """Run settings: one frozen dataclass, resolved once from command line, ini file and environment.
 
+Every option is declared once, as an :class:`OptionSpec` of :data:`OPTIONS`: that table drives pytest's
+registration (``plugin.pytest_addoption``), the parsing in :func:`resolve`, the reproduce line and the
+docs table (:func:`options_markdown`). What must hold between options is :data:`RULES`, one sentence
+each, checked once every option is parsed.
+
 Precedence: command line, then ini key, then environment variable (where one exists), then default.
 Every bad or conflicting value raises :class:`ConfigError` naming the option, the value and what is
 allowed; the plugin turns that into ``pytest.UsageError`` before any request is sent.
@@ -23,8 +28,8 @@ from .files import REPLACE, output_target
 from .identity import server_groups
 from .redact import MIN_SECRET, ambiguous_url, display_url, split_credentials
 
-MODES = ("auto", "llama.cpp", "one-server", "two-servers")
-FAIL_POLICIES = ("new-divergence", "rate-increase", "never")
+MODES = ("auto", "llama.cpp", "one-server", "two-servers")  # the first is the default
+FAIL_POLICIES = ("new-divergence", "rate-increase", "never")  # the first is the default
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TOLERANCE = 32
 DEFAULT_TIMEOUT = 300.0
@@ -32,100 +37,12 @@ DEFAULT_MIN_VALID = 0.8
 
 
 @dataclass(frozen=True)
-class OptionSpec:
-    """One setting: its command-line flag, ini key, environment variable and help text."""
-
-    name: str
-    flag: str
-    help: str
-    env: Optional[str] = None
-    kind: str = "str"  # str | bool | list
-    metavar: Optional[str] = None
-
-    @property
-    def ini(self) -> str:
-        return "cachecheck_" + self.name
-
-
-OPTIONS: Tuple[OptionSpec, ...] = (
-    OptionSpec("url", "--cachecheck-url", "the server under test; turns the plugin on. Give it several times "
-               "for replicas of one deployment: with pytest-xdist -n N each worker owns one", "CACHECHECK_URL",
-               kind="list", metavar="URL"),
-    OptionSpec("target", "--cachecheck-target",
-               "NAME=URL: a server of a target matrix (e.g. f16=http://host:8080); give it once per target "
-               "to run every probe on each and compare their rates side by side; replaces --cachecheck-url",
-               kind="list", metavar="NAME=URL"),
-    OptionSpec("mode", "--cachecheck-mode",
-               "auto (default), llama.cpp, one-server or two-servers", metavar="MODE"),
-    OptionSpec("nocache_url", "--cachecheck-nocache-url",
-               "the server with prefix caching off (two-servers mode)", metavar="URL"),
-    OptionSpec("model", "--cachecheck-model",
-               "the model to measure, checked before any probe request: one /v1/models lists (default: the "
-               "only one); on llama-server one of its model's names: an --alias, or its file name with or "
-               "without .gguf (default: its file name)",
-               metavar="NAME"),
-    OptionSpec("probes", "--cachecheck-probes",
-               "JSONL or JSON-array probe file; may be given more than once (default: the 20 built-in "
-               "conversations)", kind="list", metavar="PATH"),
-    OptionSpec("episodes", "--cachecheck-episodes",
-               "episodes (multi-step conversations with tool calls) to run besides the probes: a JSONL or "
-               "JSON-array episode file, or 'builtin' for the 20 built-in ones; may be given more than once",
-               kind="list", metavar="PATH"),
-    OptionSpec("n", "--cachecheck-n", "run only the first N probes", metavar="N"),
-    OptionSpec("max_tokens", "--cachecheck-max-tokens", f"answer length in tokens (default {DEFAULT_MAX_TOKENS})",
-               metavar="N"),
-    OptionSpec("hit_tolerance", "--cachecheck-hit-tolerance",
-               f"how many tokens short of turn-1 prompt + answer a cache hit may be (default "
-               f"{DEFAULT_TOLERANCE})", metavar="N"),
-    OptionSpec("skip_hit_check", "--cachecheck-skip-hit-check",
-               "do not require a cache hit on the cache path: the both-caches-off control in two-servers "
-               "mode", kind="bool"),
-    OptionSpec("report", "--cachecheck-report", "write the JSON report to PATH", metavar="PATH"),
-    OptionSpec("html", "--cachecheck-html", "write a self-contained HTML page of the run to PATH",
-               metavar="PATH"),
-    OptionSpec("baseline", "--cachecheck-baseline",
-               "compare with an earlier JSON report (probes paired by id)", metavar="PATH"),
-    OptionSpec("record", "--cachecheck-record",
-               "record a baseline: write the JSON report to PATH; divergences are then expected failures, "
-               "and the run passes when the measurement can be trusted (enough valid probes, no errors)",
-               metavar="PATH"),
-    OptionSpec("fail_on", "--cachecheck-fail-on",
-               "with a baseline, when the session fails: new-divergence (default), rate-increase or never",
-               metavar="POLICY"),
-    OptionSpec("max_rate", "--cachecheck-max-rate",
-               "fail the session when the divergence rate (different / valid) exceeds R; divergent probes "
-               "are then reported as expected failures", metavar="R"),
-    OptionSpec("no_logprobs", "--cachecheck-no-logprobs",
-               "do not ask for top-2 logprobs on turn-2 requests (they give each divergence its margin)",
-               kind="bool"),
-    OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server (at least 8 "
-               "printable ASCII characters)",
-               "CACHECHECK_API_KEY", metavar="KEY"),
-    OptionSpec("serve", "--cachecheck-serve",
-               "start llama-server for the run with this model (a .gguf file, or 'demo' for a tiny "
-               "random-weight model) instead of giving --cachecheck-url", metavar="MODEL"),
-    OptionSpec("server_args", "--cachecheck-server-args",
-               "extra llama-server flags for --cachecheck-serve, as one quoted string joined with '=' "
-               "(--cachecheck-server-args='-c 8192': a separate value starting with '-' reads as an option)",
-               metavar="ARGS"),
-    OptionSpec("timeout", "--cachecheck-timeout",
-               f"a deadline in seconds for each whole request (default {DEFAULT_TIMEOUT:g})",
-               metavar="SECONDS"),
-    OptionSpec("min_valid", "--cachecheck-min-valid",
-               f"fraction of probes that must be valid for a pass (default {DEFAULT_MIN_VALID})",
-               metavar="FRACTION"),
-)
-SPECS: Dict[str, OptionSpec] = {o.name: o for o in OPTIONS}
-#: options whose values are paths: in the ini file relative to its folder, as pytest's own ini paths
-PATH_OPTIONS = ("probes", "episodes", "report", "html", "baseline", "record")
-
-
-@dataclass(frozen=True)
 class Settings:
-    """Everything a run needs, validated. The API key is kept out of ``repr``."""
+    """Everything a run needs, validated; a field an option fills holds its default. The API key is kept
+    out of ``repr``."""
 
     url: str
-    mode: str = "auto"
+    mode: str = MODES[0]
     replicas: Tuple[str, ...] = ()  # every --cachecheck-url given; ``url`` is this process's one
     targets: Tuple[Tuple[str, str], ...] = ()  # (name, url) of a target matrix; ``url`` is the first's
     nocache_url: Optional[str] = None
@@ -144,7 +61,7 @@ class Settings:
     server_args: Optional[str] = None
     html: Optional[str] = None
     baseline: Optional[str] = None
-    fail_on: str = "new-divergence"
+    fail_on: str = FAIL_POLICIES[0]
     max_rate: Optional[float] = None
     record: bool = False  # --cachecheck-record: ``report`` is a baseline being recorded
     logprobs: bool = True
@@ -191,25 +108,58 @@ class Settings:
 
 
 Getter = Callable[[str], Any]
+Parser = Callable[[str, Any, Path], Any]
+
+
+@dataclass(frozen=True)
+class OptionSpec:
+    """One option, declared once; adding one is a spec here, a :class:`Settings` field and a README row.
+
+    ``name``: the raw key; ini key and argparse dest ``cachecheck_<name>``. ``flag``, ``help`` (--help adds
+    the env variable and the ini key). ``parse(name, value, base_dir)``: a value given (a str, a list for
+    kind ``list``, a bool or number from a TOML ini; never None: an option not given keeps its default) ->
+    the value of its Settings field; a bad one raises ``_bad(name, value, "what is allowed")``, naming the
+    flag and ini key (rules between options go in :data:`RULES`). ``setting``: the field it fills (default
+    ``name``), whose default is the option's. ``env``: read after command line and ini. ``kind``: ``str``,
+    ``bool`` (a flag; in the ini true or false) or ``list`` (repeatable; in the ini one per line).
+    ``metavar``: ``PATH`` marks a path (in the ini, relative to its folder). ``reproduced``: in the
+    reproduce line when not its default. ``public``: in --help, the README and :func:`options_markdown`.
+    ``shown``: how an error shows a bad value (a URL without its password, a key not at all).
+    """
+
+    name: str
+    flag: str
+    help: str
+    parse: Parser
+    setting: str = ""
+    env: Optional[str] = None
+    kind: str = "str"  # str | bool | list
+    metavar: Optional[str] = None
+    reproduced: bool = False
+    public: bool = True
+    shown: Optional[Callable[[Any], Any]] = None
+
+    @property
+    def ini(self) -> str:
+        return "cachecheck_" + self.name
+
+    @property
+    def field(self) -> str:
+        return self.setting or self.name
+
+    @property
+    def default(self) -> Any:
+        return {f.name: f.default for f in dataclasses.fields(Settings)}[self.field]
 
 
 def _bad(name: str, value: Any, allowed: str) -> ConfigError:
     spec = SPECS[name]
-    shown = display_url(str(value).strip()) if name in ("url", "nocache_url") else value
-    if name == "target":  # NAME=URL; without a valid NAME, all of it may be a URL (its query holds '=')
-        target_name, sep, target_url = str(value).strip().partition("=")
-        named = sep and _TARGET_NAME.fullmatch(target_name)
-        shown = (target_name + "=" + display_url(target_url.strip())) if named \
-            else display_url(str(value).strip())
-    if name == "api_key":
-        shown = "***"
+    shown = spec.shown(value) if spec.shown else value
     return ConfigError(f"{spec.flag} (ini {spec.ini}): {shown!r} is not allowed; expected {allowed}")
 
 
 _AMBIGUOUS = ("a URL without '@' after its host (percent-encode '/', '?', '#' and '@' in a user name or "
               "password as %2F, %3F, %23 and %40, and '@' in a path or query as %40)")
-
-
 def _url_problem(value: str) -> Optional[str]:
     """What is wrong with a server URL (as the 'expected ...' of a usage error), or None."""
     if ambiguous_url(value):
@@ -255,14 +205,12 @@ def _without_v1(url: str) -> str:
 
 def _v1_notes(raw: Mapping[str, Any], targets: Sequence[Tuple[str, str]]) -> Tuple[str, ...]:
     """A note for each URL given with /v1 at its end, which the plugin took off."""
-    urls = raw.get("url") or []
-    given = [("--cachecheck-url", str(u).strip()) for u in (urls.split() if isinstance(urls, str) else urls)]
+    given = [("--cachecheck-url", u.strip()) for u in _listed(raw.get("url"))]
     if raw.get("nocache_url"):
         given.append(("--cachecheck-nocache-url", str(raw["nocache_url"]).strip()))
     if targets:
-        entries = raw["target"].split() if isinstance(raw["target"], str) else [str(v) for v in raw["target"]]
         given = [(f"--cachecheck-target {e.strip().partition('=')[0]}=", e.strip().partition("=")[2].strip())
-                 for e in entries]
+                 for e in _listed(raw["target"])]
     notes = []
     for flag, url in given:
         root = _without_v1(url.rstrip("/"))
@@ -273,43 +221,36 @@ def _v1_notes(raw: Mapping[str, Any], targets: Sequence[Tuple[str, str]]) -> Tup
     return tuple(notes)
 
 
-def _api_key(value: Any) -> Optional[str]:
+
+def _api_key(name: str, value: Any, base: Path) -> Optional[str]:
     """The API key, refused (never shown) when a header cannot carry it or output cannot mask it."""
-    if value is None or value == "":
+    if value == "":
         return None
     key = str(value)
     if not all("\x21" <= c <= "\x7e" for c in key):
-        raise _bad("api_key", key, "printable ASCII without spaces or line breaks (an HTTP header cannot "
-                                   "carry the key as given; look for a stray newline)")
+        raise _bad(name, key, "printable ASCII without spaces or line breaks (an HTTP header cannot "
+                              "carry the key as given; look for a stray newline)")
     if len(key) < MIN_SECRET:
-        raise _bad("api_key", key, f"a key of at least {MIN_SECRET} characters (a shorter one cannot be "
-                                   f"kept out of the output without masking ordinary words)")
+        raise _bad(name, key, f"a key of at least {MIN_SECRET} characters (a shorter one cannot be "
+                              f"kept out of the output without masking ordinary words)")
     return key
 
 
-def _int(name: str, value: Any, low: int, high: int) -> int:
-    try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise _bad(name, value, f"a whole number from {low} to {high}") from None
-    if not low <= number <= high:
-        raise _bad(name, value, f"a whole number from {low} to {high}")
-    return number
+def _number(low: float, high: float, *, whole: bool = False, low_open: bool = False) -> Parser:
+    def parse(name: str, value: Any, base: Path) -> float:
+        try:
+            number = (int if whole else float)(str(value).strip())
+        except ValueError:
+            number = math.nan
+        if not (math.isfinite(number) and (number > low if low_open else number >= low) and number <= high):
+            bound = f"greater than {low:g}" if low_open else f"at least {low:g}"
+            raise _bad(name, value, f"a whole number from {low} to {high}" if whole
+                       else f"a number {bound} and at most {high:g}")
+        return number
+    return parse
 
 
-def _float(name: str, value: Any, low: float, high: float, *, low_open: bool = False) -> float:
-    try:
-        number = float(str(value).strip())
-    except ValueError:
-        number = math.nan
-    ok = math.isfinite(number) and (number > low if low_open else number >= low) and number <= high
-    if not ok:
-        bound = f"greater than {low:g}" if low_open else f"at least {low:g}"
-        raise _bad(name, value, f"a number {bound} and at most {high:g}")
-    return number
-
-
-def _bool(name: str, value: Any) -> bool:
+def _bool(name: str, value: Any, base: Path) -> bool:
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -320,15 +261,51 @@ def _bool(name: str, value: Any) -> bool:
     raise _bad(name, value, "true or false")
 
 
-def _writable_report(value: str, base: Path, name: str = "report") -> str:
+def _choice(choices: Tuple[str, ...]) -> Parser:
+    """One of ``choices``; an empty value is the first, the default."""
+    def parse(name: str, value: Any, base: Path) -> str:
+        text = str(value or choices[0]).strip()
+        if text not in choices:
+            raise _bad(name, text, "one of " + ", ".join(choices))
+        return text
+    return parse
+
+
+def _text(allowed: str) -> Parser:
+    def parse(name: str, value: Any, base: Path) -> str:
+        if not str(value).strip():
+            raise _bad(name, value, allowed)
+        return str(value).strip()
+    return parse
+
+
+def _path(name: str, value: Any, base: Path, allowed: str = "a path whose ~user exists") -> str:
+    """An input file's path: ``~`` expanded, a relative one from ``base``."""
+    try:
+        path = Path(str(value)).expanduser()
+    except RuntimeError:
+        raise _bad(name, value, allowed) from None
+    return str(path if path.is_absolute() else base / path)
+
+
+def _paths(name: str, value: Any, base: Path) -> Tuple[str, ...]:
+    """Input files; for episodes, ``builtin`` is the set that ships with the plugin."""
+    builtin = name == "episodes"
+    allowed = "a path whose ~user exists" + (", or 'builtin'" if builtin else "")
+    return tuple(f if builtin and f == "builtin" else _path(name, f, base, allowed) for f in _listed(value))
+
+
+def _output(name: str, value: Any, base: Path) -> Optional[str]:
+    """An output file given by --cachecheck-report or --cachecheck-record, which may not be empty."""
+    if not str(value).strip():
+        raise _bad(name, value, "a file path, not an empty value")
+    return _writable_report(str(value), base, name) if value else None
+
+
+def _writable_report(value: str, base: Path, name: str) -> str:
     if not value.strip() or value.endswith(("/", os.sep)):
         raise _bad(name, value, "a file path (not empty, not ending in a path separator)")
-    try:
-        path = Path(value).expanduser()
-    except RuntimeError:
-        raise _bad(name, value, "a path whose ~user exists") from None
-    if not path.is_absolute():
-        path = base / path
+    path = Path(_path(name, value, base))
     if path.is_dir():
         raise _bad(name, value, "a file path, not a directory")
     try:
@@ -351,6 +328,177 @@ def _writable_report(value: str, base: Path, name: str = "report") -> str:
     return str(path)
 
 
+
+def _listed(value: Any) -> List[str]:
+    """A list option's values (an ini value may be one whitespace-separated line)."""
+    if not value:
+        return []
+    return str(value).split() if isinstance(value, str) else [str(v) for v in value]
+
+
+def _replicas(name: str, value: Any, base: Path) -> Tuple[str, ...]:
+    """Every --cachecheck-url: servers of their own."""
+    urls = _listed(value)
+    replicas = tuple(_url(name, u) for u in urls)
+    shared = [g for g in server_groups(replicas) if len(g) > 1] if len(replicas) > 1 else []
+    if shared:
+        a, b = (display_url(urls[i].strip()) for i in shared[0][:2])  # as written
+        raise ConfigError(f"--cachecheck-url (ini cachecheck_url): {a!r} and {b!r} reach one server (the "
+                          f"same address, port and path); replicas must be servers of their own: each "
+                          f"xdist worker sends to its one, and requests sent to one server in parallel are "
+                          f"batched together, which changes answers")
+    return replicas
+
+
+_TARGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}")
+
+
+def _targets(name: str, value: Any, base: Path) -> Tuple[Tuple[str, str], ...]:
+    """``NAME=URL`` entries of a target matrix, validated: names unique and short, URLs unique."""
+    out: List[Tuple[str, str]] = []
+    for entry in _listed(value):
+        target, sep, url = entry.strip().partition("=")
+        if not sep or not _TARGET_NAME.fullmatch(target):
+            raise _bad(name, entry, "NAME=URL, where NAME is 1-40 letters, digits, '.', '_', '+' or '-' "
+                       "starting with a letter or digit (e.g. f16=http://127.0.0.1:8080)")
+        problem = _url_problem(url.strip())
+        if problem:
+            raise _bad(name, entry, f"NAME=URL with {problem}")
+        url = _without_v1(url.strip().rstrip("/"))
+        if any(n == target for n, _ in out):
+            raise _bad(name, entry, f"a different name for each target ({target!r} is given twice)")
+        if any(u == url for _, u in out):
+            raise _bad(name, entry, "a different server for each target (this URL is given twice)")
+        out.append((target, url))
+    return tuple(out)
+
+
+def _shown_url(value: Any) -> str:
+    return display_url(str(value).strip())
+
+
+def _shown_target(value: Any) -> str:
+    """NAME=URL without the URL's password; without a valid NAME, all of it may be a URL (its query
+    holds '=')."""
+    name, sep, url = str(value).strip().partition("=")
+    named = sep and _TARGET_NAME.fullmatch(name)
+    return name + "=" + display_url(url.strip()) if named else _shown_url(value)
+
+
+OPTIONS: Tuple[OptionSpec, ...] = (
+    OptionSpec("url", "--cachecheck-url", "the server under test; turns the plugin on. Give it several times "
+               "for replicas of one deployment: with pytest-xdist -n N each worker owns one", _replicas,
+               "replicas", "CACHECHECK_URL", kind="list", metavar="URL", reproduced=True, shown=_shown_url),
+    OptionSpec("target", "--cachecheck-target",
+               "NAME=URL: a server of a target matrix (e.g. f16=http://host:8080); give it once per target "
+               "to run every probe on each and compare their rates side by side; replaces --cachecheck-url",
+               _targets, "targets", kind="list", metavar="NAME=URL", reproduced=True, shown=_shown_target),
+    OptionSpec("mode", "--cachecheck-mode", "auto (default), llama.cpp, one-server or two-servers",
+               _choice(MODES), metavar="MODE", reproduced=True),
+    OptionSpec("nocache_url", "--cachecheck-nocache-url",
+               "the server with prefix caching off (two-servers mode)",
+               lambda n, v, b: _url(n, str(v)) if v else None, metavar="URL", reproduced=True,
+               shown=_shown_url),
+    OptionSpec("model", "--cachecheck-model",
+               "the model to measure, checked before any probe request: one /v1/models lists (default: the "
+               "only one); on llama-server one of its model's names: an --alias, or its file name with or "
+               "without .gguf (default: its file name)",
+               _text("a non-empty model name"), metavar="NAME", reproduced=True),
+    OptionSpec("probes", "--cachecheck-probes",
+               "JSONL or JSON-array probe file; may be given more than once (default: the 20 built-in "
+               "conversations)", _paths, "probe_files", kind="list", metavar="PATH", reproduced=True),
+    OptionSpec("episodes", "--cachecheck-episodes",
+               "episodes (multi-step conversations with tool calls) to run besides the probes: a JSONL or "
+               "JSON-array episode file, or 'builtin' for the 20 built-in ones; may be given more than once",
+               _paths, "episode_files", kind="list", metavar="PATH", reproduced=True),
+    OptionSpec("n", "--cachecheck-n", "run only the first N probes", _number(1, 1_000_000, whole=True),
+               metavar="N", reproduced=True),
+    OptionSpec("max_tokens", "--cachecheck-max-tokens",
+               f"answer length in tokens (default {DEFAULT_MAX_TOKENS})",
+               _number(1, 131072, whole=True), metavar="N", reproduced=True),
+    OptionSpec("hit_tolerance", "--cachecheck-hit-tolerance",
+               f"how many tokens short of turn-1 prompt + answer a cache hit may be (default "
+               f"{DEFAULT_TOLERANCE})", _number(0, 1_000_000, whole=True), metavar="N", reproduced=True),
+    OptionSpec("skip_hit_check", "--cachecheck-skip-hit-check",
+               "do not require a cache hit on the cache path: the both-caches-off control in two-servers "
+               "mode", lambda n, v, b: _bool(n, v or False, b), kind="bool", reproduced=True),
+    OptionSpec("report", "--cachecheck-report", "write the JSON report to PATH", _output, metavar="PATH"),
+    OptionSpec("html", "--cachecheck-html", "write a self-contained HTML page of the run to PATH",
+               lambda n, v, b: _writable_report(str(v), b, n) if v else None, metavar="PATH"),
+    OptionSpec("baseline", "--cachecheck-baseline",
+               "compare with an earlier JSON report (probes paired by id)",
+               lambda n, v, b: _path(n, v, b) if v else None, metavar="PATH"),
+    OptionSpec("record", "--cachecheck-record",
+               "record a baseline: write the JSON report to PATH; divergences are then expected failures, "
+               "and the run passes when the measurement can be trusted (enough valid probes, no errors)",
+               _output, metavar="PATH"),  # resolve() makes it the report, and ``record`` True
+    OptionSpec("fail_on", "--cachecheck-fail-on",
+               "with a baseline, when the session fails: new-divergence (default), rate-increase or never",
+               _choice(FAIL_POLICIES), metavar="POLICY"),
+    OptionSpec("max_rate", "--cachecheck-max-rate",
+               "fail the session when the divergence rate (different / valid) exceeds R; divergent probes "
+               "are then reported as expected failures", _number(0.0, 1.0), metavar="R"),
+    OptionSpec("no_logprobs", "--cachecheck-no-logprobs",
+               "do not ask for top-2 logprobs on turn-2 requests (they give each divergence its margin)",
+               lambda n, v, b: not _bool(n, v or False, b), "logprobs", kind="bool", reproduced=True),
+    OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server (at least 8 "
+               "printable ASCII characters)", _api_key, env="CACHECHECK_API_KEY", metavar="KEY",
+               shown=lambda v: "***"),
+    OptionSpec("serve", "--cachecheck-serve",
+               "start llama-server for the run with this model (a .gguf file, or 'demo' for a tiny "
+               "random-weight model) instead of giving --cachecheck-url",
+               _text("a path to a .gguf model file, or 'demo'"), metavar="MODEL", reproduced=True),
+    OptionSpec("server_args", "--cachecheck-server-args",
+               "extra llama-server flags for --cachecheck-serve, as one quoted string joined with '=' "
+               "(--cachecheck-server-args='-c 8192': a separate value starting with '-' reads as an option)",
+               lambda n, v, b: v or None, metavar="ARGS", reproduced=True),
+    OptionSpec("timeout", "--cachecheck-timeout",
+               f"a deadline in seconds for each whole request (default {DEFAULT_TIMEOUT:g})",
+               _number(0.0, 86400.0, low_open=True), metavar="SECONDS"),
+    OptionSpec("min_valid", "--cachecheck-min-valid",
+               f"fraction of probes that must be valid for a pass (default {DEFAULT_MIN_VALID})",
+               _number(0.0, 1.0), metavar="FRACTION"),
+)
+SPECS: Dict[str, OptionSpec] = {o.name: o for o in OPTIONS}
+
+#: What must hold between options, one sentence each: (broken(settings, raw values), the error, formatted
+#: with ``s``, the settings). Checked in this order once every option is parsed.
+Rule = Tuple[Callable[[Settings, Mapping[str, Any]], Any], str]
+RULES: Tuple[Rule, ...] = (
+    (lambda s, raw: s.targets and _listed(raw.get("url")),
+     ("--cachecheck-target (ini cachecheck_target) names every server of a target matrix; it conflicts with "
+      "--cachecheck-url (ini cachecheck_url, env CACHECHECK_URL): give the first server as a target too")),
+    (lambda s, raw: s.targets and (s.mode == "two-servers" or s.nocache_url),
+     ("--cachecheck-target runs each target in llama.cpp or one-server mode; two-servers mode "
+      "(--cachecheck-nocache-url) takes one pair of servers per run")),
+    (lambda s, raw: s.nocache_url and s.mode in ("llama.cpp", "one-server"),
+     "--cachecheck-nocache-url is for two-servers mode; it conflicts with --cachecheck-mode {s.mode}"),
+    (lambda s, raw: len(s.replicas) > 1 and (s.mode == "two-servers" or s.nocache_url),
+     ("several --cachecheck-url (replicas) go with llama.cpp or one-server mode, not with "
+      "--cachecheck-nocache-url")),
+    (lambda s, raw: s.mode == "two-servers" and not s.nocache_url,
+     "--cachecheck-mode two-servers needs --cachecheck-nocache-url, the server with prefix caching off"),
+    (lambda s, raw: s.nocache_url and s.nocache_url == s.url,
+     ("--cachecheck-nocache-url is the same URL as --cachecheck-url; two-servers mode needs a second server "
+      "started with prefix caching off")),
+    (lambda s, raw: s.skip_hit_check and s.mode != "two-servers",
+     ("--cachecheck-skip-hit-check is only for the both-caches-off control in two-servers mode (give "
+      "--cachecheck-nocache-url); the mode here is {s.mode}")),
+    (lambda s, raw: s.server_args and not s.serve, "--cachecheck-server-args goes with --cachecheck-serve"),
+    (lambda s, raw: raw.get("fail_on") and not s.baseline,
+     "--cachecheck-fail-on goes with --cachecheck-baseline PATH"),
+    (lambda s, raw: s.record and raw.get("report"),
+     ("--cachecheck-record writes the JSON report itself; it conflicts with --cachecheck-report (ini "
+      "cachecheck_report)")),
+    (lambda s, raw: s.record and raw.get("baseline") is not None,
+     ("--cachecheck-record records a baseline, where divergences do not fail the run; it conflicts with "
+      "--cachecheck-baseline (ini cachecheck_baseline)")),
+    (lambda s, raw: s.record and raw.get("max_rate") is not None,
+     ("--cachecheck-record records a baseline, where divergences do not fail the run; it conflicts with "
+      "--cachecheck-max-rate (ini cachecheck_max_rate)")),
+)
+
+
 class RawOptions(Dict[str, Any]):
     """The raw option values; its repr names only the options given (a traceback with -l shows it)."""
 
@@ -361,7 +509,7 @@ class RawOptions(Dict[str, Any]):
 def ini_paths(name: str, value: Any, base: Path) -> Any:
     """An ini value of a path option with its relative paths made relative to ``base`` (the ini file's
     folder); other values as they are. A ``~`` path is left for the settings to expand."""
-    if name not in PATH_OPTIONS or value in (None, "", []):
+    if SPECS[name].metavar != "PATH" or value in (None, "", []):
         return value
 
     def one(path: str) -> str:
@@ -390,211 +538,64 @@ def lookup(cli: Getter, ini: Getter, env: Mapping[str, str]) -> Dict[str, Any]:
     return raw
 
 
-def _listed(value: Any) -> List[str]:
-    """A list option's values (an ini value may be one whitespace-separated line)."""
-    if not value:
-        return []
-    return str(value).split() if isinstance(value, str) else [str(v) for v in value]
-
-
 def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
-    """Validate raw values into :class:`Settings`; ``None`` when no URL is given (the plugin stays off)."""
-    urls = raw.get("url")
-    if isinstance(urls, str):
-        urls = urls.split()
-    targets = _targets(raw.get("target"))
-    if targets:
-        if urls:
-            raise ConfigError("--cachecheck-target (ini cachecheck_target) names every server of a target "
-                              "matrix; it conflicts with --cachecheck-url (ini cachecheck_url, env "
-                              "CACHECHECK_URL): give the first server as a target too")
-        urls = [targets[0][1]]
-    if not urls:
-        for name in ("nocache_url",):
-            if raw.get(name):
-                raise ConfigError(f"{SPECS[name].flag}: needs --cachecheck-url (ini cachecheck_url, "
-                                  f"env CACHECHECK_URL), the server under test")
+    """Validate raw values into :class:`Settings`: each option by its spec, then :data:`RULES`. ``None``
+    when no server is given (the plugin stays off, and reads nothing else)."""
+    if not _listed(raw.get("url")) and not _listed(raw.get("target")):
+        if raw.get("nocache_url"):
+            raise ConfigError("--cachecheck-nocache-url: needs --cachecheck-url (ini cachecheck_url, "
+                              "env CACHECHECK_URL), the server under test")
         return None
-    url = urls[0]
-    replicas = tuple(_url("url", str(u)) for u in urls)
-    shared = [g for g in server_groups(replicas) if len(g) > 1] if len(replicas) > 1 else []
-    if shared:
-        a, b = (display_url(str(urls[i]).strip()) for i in shared[0][:2])  # as written
-        raise ConfigError(f"--cachecheck-url (ini cachecheck_url): {a!r} and {b!r} reach one server (the "
-                          f"same address, port and path); replicas must be servers of their own: each "
-                          f"xdist worker sends to its one, and requests sent to one server in parallel are "
-                          f"batched together, which changes answers")
-    url = replicas[0]
-    mode = str(raw.get("mode") or "auto").strip()
-    if mode not in MODES:
-        raise _bad("mode", mode, "one of " + ", ".join(MODES))
-    if targets and (mode == "two-servers" or raw.get("nocache_url")):
-        raise ConfigError("--cachecheck-target runs each target in llama.cpp or one-server mode; two-servers "
-                          "mode (--cachecheck-nocache-url) takes one pair of servers per run")
-    nocache = raw.get("nocache_url")
-    nocache_url = _url("nocache_url", str(nocache)) if nocache else None
-    if nocache_url and mode in ("llama.cpp", "one-server"):
-        raise ConfigError(f"--cachecheck-nocache-url is for two-servers mode; it conflicts with "
-                          f"--cachecheck-mode {mode}")
-    if mode == "auto" and nocache_url:
-        mode = "two-servers"
-    if len(replicas) > 1 and (mode == "two-servers" or nocache_url):
-        raise ConfigError("several --cachecheck-url (replicas) go with llama.cpp or one-server mode, not with "
-                          "--cachecheck-nocache-url")
-    if mode == "two-servers" and not nocache_url:
-        raise ConfigError("--cachecheck-mode two-servers needs --cachecheck-nocache-url, the server with "
-                          "prefix caching off")
-    if nocache_url and nocache_url == url:
-        raise ConfigError("--cachecheck-nocache-url is the same URL as --cachecheck-url; two-servers mode "
-                          "needs a second server started with prefix caching off")
-    skip = _bool("skip_hit_check", raw.get("skip_hit_check") or False)
-    if skip and mode != "two-servers":
-        raise ConfigError(f"--cachecheck-skip-hit-check is only for the both-caches-off control in "
-                          f"two-servers mode (give --cachecheck-nocache-url); the mode here is {mode}")
-    model = raw.get("model")
-    if model is not None and not str(model).strip():
-        raise _bad("model", model, "a non-empty model name")
-    files = raw.get("probes") or ()
-    if isinstance(files, str):
-        files = files.split()
-    probe_files = []
-    for f in files:
-        try:
-            p = Path(str(f)).expanduser()
-        except RuntimeError:
-            raise _bad("probes", f, "a path whose ~user exists") from None
-        probe_files.append(str(p if p.is_absolute() else base_dir / p))
-    episode_files = []
-    for f in _listed(raw.get("episodes")):
-        if f == "builtin":
-            episode_files.append(f)
-            continue
-        try:
-            p = Path(str(f)).expanduser()
-        except RuntimeError:
-            raise _bad("episodes", f, "a path whose ~user exists, or 'builtin'") from None
-        episode_files.append(str(p if p.is_absolute() else base_dir / p))
-    n = raw.get("n")
-    report = raw.get("report")
-    if report is not None and not str(report).strip():
-        raise _bad("report", report, "a file path, not an empty value")
-    api_key = raw.get("api_key")
-    serve = raw.get("serve")
-    if serve is not None and not str(serve).strip():
-        raise _bad("serve", serve, "a path to a .gguf model file, or 'demo'")
-    if raw.get("server_args") and not serve:
-        raise ConfigError("--cachecheck-server-args goes with --cachecheck-serve")
-    fail_on = str(raw.get("fail_on") or "new-divergence").strip()
-    if fail_on not in FAIL_POLICIES:
-        raise _bad("fail_on", fail_on, "one of " + ", ".join(FAIL_POLICIES))
-    if raw.get("fail_on") and not raw.get("baseline"):
-        raise ConfigError("--cachecheck-fail-on goes with --cachecheck-baseline PATH")
-    record = raw.get("record")
-    if record is not None and not str(record).strip():
-        raise _bad("record", record, "a file path, not an empty value")
+    values = {spec.field: spec.parse(spec.name, raw[spec.name], base_dir)
+              for spec in OPTIONS if raw.get(spec.name) is not None}
+    targets = values.get("targets", ())
+    values["url"] = targets[0][1] if targets else values["replicas"][0]
+    if targets:
+        values["replicas"] = ()
+    if values.get("mode", MODES[0]) == "auto" and values.get("nocache_url"):
+        values["mode"] = "two-servers"
+    record = values.pop("record", None)
     if record:
-        if report:
-            raise ConfigError("--cachecheck-record writes the JSON report itself; it conflicts with "
-                              "--cachecheck-report (ini cachecheck_report)")
-        for name in ("baseline", "max_rate"):
-            if raw.get(name) is not None:
-                raise ConfigError(f"--cachecheck-record records a baseline, where divergences do not fail "
-                                  f"the run; it conflicts with {SPECS[name].flag} (ini {SPECS[name].ini})")
-        report = _writable_report(str(record), base_dir, "record")
-    baseline = raw.get("baseline")
-    if baseline:
-        bpath = Path(str(baseline)).expanduser()
-        baseline = str(bpath if bpath.is_absolute() else base_dir / bpath)
-    html = raw.get("html")
-    return Settings(
-        notes=_v1_notes(raw, targets),
-        html=_writable_report(str(html), base_dir, "html") if html else None,
-        baseline=baseline or None,
-        fail_on=fail_on,
-        max_rate=_float("max_rate", raw["max_rate"], 0.0, 1.0) if raw.get("max_rate") is not None else None,
-        logprobs=not _bool("no_logprobs", raw.get("no_logprobs") or False),
-        hit_tolerance_given=raw.get("hit_tolerance") is not None,
-        serve=str(serve).strip() if serve else None,
-        server_args=raw.get("server_args") or None,
-        url=url,
-        replicas=() if targets else replicas,
-        targets=targets,
-        mode=mode,
-        nocache_url=nocache_url,
-        model=str(model).strip() if model is not None else None,
-        probe_files=tuple(probe_files),
-        episode_files=tuple(episode_files),
-        n=_int("n", n, 1, 1_000_000) if n is not None else None,
-        max_tokens=_int("max_tokens", raw["max_tokens"], 1, 131072)
-        if raw.get("max_tokens") is not None else DEFAULT_MAX_TOKENS,
-        hit_tolerance=_int("hit_tolerance", raw["hit_tolerance"], 0, 1_000_000)
-        if raw.get("hit_tolerance") is not None else DEFAULT_TOLERANCE,
-        skip_hit_check=skip,
-        report=(report if record else _writable_report(str(report), base_dir)) if report else None,
-        record=bool(record),
-        api_key=_api_key(api_key),
-        timeout=_float("timeout", raw["timeout"], 0.0, 86400.0, low_open=True)
-        if raw.get("timeout") is not None else DEFAULT_TIMEOUT,
-        min_valid=_float("min_valid", raw["min_valid"], 0.0, 1.0)
-        if raw.get("min_valid") is not None else DEFAULT_MIN_VALID,
-    )
-
-
-_TARGET_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]{0,39}")
-
-
-def _targets(value: Any) -> Tuple[Tuple[str, str], ...]:
-    """``NAME=URL`` entries of a target matrix, validated: names unique and short, URLs unique."""
-    if not value:
-        return ()
-    entries = value.split() if isinstance(value, str) else [str(v) for v in value]
-    out: List[Tuple[str, str]] = []
-    for entry in entries:
-        name, sep, url = entry.strip().partition("=")
-        if not sep or not _TARGET_NAME.fullmatch(name):
-            raise _bad("target", entry, "NAME=URL, where NAME is 1-40 letters, digits, '.', '_', '+' or '-' "
-                       "starting with a letter or digit (e.g. f16=http://127.0.0.1:8080)")
-        problem = _url_problem(url.strip())
-        if problem:
-            raise _bad("target", entry, f"NAME=URL with {problem}")
-        url = _without_v1(url.strip().rstrip("/"))
-        if any(n == name for n, _ in out):
-            raise _bad("target", entry, f"a different name for each target ({name!r} is given twice)")
-        if any(u == url for _, u in out):
-            raise _bad("target", entry, "a different server for each target (this URL is given twice)")
-        out.append((name, url))
-    return tuple(out)
+        values.update(report=record, record=True)
+    settings = Settings(**values, hit_tolerance_given=raw.get("hit_tolerance") is not None,
+                        notes=_v1_notes(raw, targets))
+    for broken, message in RULES:
+        if broken(settings, raw):
+            raise ConfigError(message.format(s=settings))
+    return settings
 
 
 def reproduce_args(settings: Settings) -> Sequence[str]:
-    """Command-line flags that reproduce this run, without secrets."""
+    """Command-line flags that reproduce this run, without secrets: how it chose its server, then every
+    ``reproduced`` option whose value is not its default."""
     if settings.serve:
         args = [f"--cachecheck-serve={settings.serve}"]
         if settings.server_args:
             args.append(f"--cachecheck-server-args={settings.server_args!r}")
-    elif settings.targets:
-        args = [f"--cachecheck-target={n}={display_url(u)}" for n, u in settings.targets]
-        args.append(f"--cachecheck-mode={settings.mode}")
     else:
-        args = [f"--cachecheck-url={display_url(u)}" for u in settings.replicas or (settings.url,)]
+        args = ([f"--cachecheck-target={n}={display_url(u)}" for n, u in settings.targets]
+                or [f"--cachecheck-url={display_url(u)}" for u in settings.replicas or (settings.url,)])
         args.append(f"--cachecheck-mode={settings.mode}")
-    if settings.nocache_url:
-        args.append(f"--cachecheck-nocache-url={display_url(settings.nocache_url)}")
-    if settings.model:
-        args.append(f"--cachecheck-model={settings.model}")
-    args += [f"--cachecheck-probes={p}" for p in settings.probe_files]
-    args += [f"--cachecheck-episodes={p}" for p in settings.episode_files]
-    if settings.n is not None:
-        args.append(f"--cachecheck-n={settings.n}")
-    if settings.max_tokens != DEFAULT_MAX_TOKENS:
-        args.append(f"--cachecheck-max-tokens={settings.max_tokens}")
-    if settings.hit_tolerance != DEFAULT_TOLERANCE:
-        args.append(f"--cachecheck-hit-tolerance={settings.hit_tolerance}")
-    if settings.skip_hit_check:
-        args.append("--cachecheck-skip-hit-check")
-    if not settings.logprobs:
-        args.append("--cachecheck-no-logprobs")
+    server = ("serve", "server_args", "url", "target", "mode")  # written above: how the run chose its server
+    for spec in OPTIONS:
+        value = getattr(settings, spec.field)
+        if spec.reproduced and spec.name not in server and value != spec.default:
+            values = value if spec.kind == "list" else [spec.shown(value) if spec.shown else value]
+            args += [spec.flag] if spec.kind == "bool" else [f"{spec.flag}={v}" for v in values]
     return args
+
+
+def options_markdown() -> str:
+    """The public options as a Markdown table (flag, ini key, env variable, default, help), for the docs."""
+    rows = ["| Option | ini key | env | default | what it does |", "|---|---|---|---|---|"]
+    for spec in (spec for spec in OPTIONS if spec.public):
+        default = None if isinstance(spec.default, bool) or spec.default in (None, ()) else spec.default
+        shown = "" if default is None else f"`{default:g}`" if isinstance(default, float) else f"`{default}`"
+        flag = f"`{spec.flag} {spec.metavar}`" if spec.metavar else f"`{spec.flag}`"
+        cells = [flag + (" (repeatable)" if spec.kind == "list" else ""), f"`{spec.ini}`",
+                 f"`{spec.env}`" if spec.env else "", shown, spec.help.replace("|", "\\|")]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
 
 
 def _same_file(a: str, b: str) -> bool:
