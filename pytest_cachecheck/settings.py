@@ -25,6 +25,10 @@ from .redact import MIN_SECRET, ambiguous_url, display_url, split_credentials
 
 MODES = ("auto", "llama.cpp", "one-server", "two-servers")
 FAIL_POLICIES = ("new-divergence", "rate-increase", "never")
+GATE_ON = ("divergence", "flips")
+#: the probe and episode sets that ship with the plugin, by name instead of a path
+PROBE_SETS = ("builtin", "tasks")
+EPISODE_SETS = ("builtin", "tasks")
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TOLERANCE = 32
 DEFAULT_TIMEOUT = 300.0
@@ -95,6 +99,13 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("max_rate", "--cachecheck-max-rate",
                "fail the session when the divergence rate (different / valid) exceeds R; divergent probes "
                "are then reported as expected failures", metavar="R"),
+    OptionSpec("gate_on", "--cachecheck-gate-on",
+               "what fails the run: divergence (default: any valid probe or episode whose paths differ) or "
+               "flips (only those whose outcome checks, 'expect', pass on one path and fail on the other; a "
+               "divergence that flips no check is then an expected failure)", metavar="WHAT"),
+    OptionSpec("max_flip_rate", "--cachecheck-max-flip-rate",
+               "fail the session when flips / valid items with checks exceed R (implies --cachecheck-gate-on "
+               "flips; flipped items are then reported as expected failures)", metavar="R"),
     OptionSpec("no_logprobs", "--cachecheck-no-logprobs",
                "do not ask for top-2 logprobs on turn-2 requests (they give each divergence its margin)",
                kind="bool"),
@@ -146,6 +157,8 @@ class Settings:
     baseline: Optional[str] = None
     fail_on: str = "new-divergence"
     max_rate: Optional[float] = None
+    gate_on: str = "divergence"  # or "flips": only a flipped outcome check fails the run
+    max_flip_rate: Optional[float] = None
     record: bool = False  # --cachecheck-record: ``report`` is a baseline being recorded
     logprobs: bool = True
     hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
@@ -187,6 +200,8 @@ class Settings:
             "serve": self.serve if self.serve in (None, "demo") else Path(self.serve).name,
             "server_args": self.server_args,
             **({"episode_files": list(self.episode_files)} if self.episode_files else {}),
+            **({"gate_on": self.gate_on, "max_flip_rate": self.max_flip_rate} if self.gate_on != "divergence"
+               else {}),
         }
 
 
@@ -366,8 +381,8 @@ def ini_paths(name: str, value: Any, base: Path) -> Any:
 
     def one(path: str) -> str:
         text = str(path).strip()
-        if not text or text == "builtin" or text.startswith("~") or Path(text).is_absolute():
-            return text  # "builtin": the episode set that ships with the plugin
+        if not text or text in PROBE_SETS + EPISODE_SETS or text.startswith("~") or Path(text).is_absolute():
+            return text  # "builtin", "tasks": the sets that ship with the plugin
         return str(base / text)
 
     return [one(v) for v in value] if isinstance(value, list) else one(value)
@@ -459,6 +474,9 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         files = files.split()
     probe_files = []
     for f in files:
+        if f in PROBE_SETS:
+            probe_files.append(f)
+            continue
         try:
             p = Path(str(f)).expanduser()
         except RuntimeError:
@@ -466,13 +484,13 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         probe_files.append(str(p if p.is_absolute() else base_dir / p))
     episode_files = []
     for f in _listed(raw.get("episodes")):
-        if f == "builtin":
+        if f in EPISODE_SETS:
             episode_files.append(f)
             continue
         try:
             p = Path(str(f)).expanduser()
         except RuntimeError:
-            raise _bad("episodes", f, "a path whose ~user exists, or 'builtin'") from None
+            raise _bad("episodes", f, "a path whose ~user exists, 'builtin' or 'tasks'") from None
         episode_files.append(str(p if p.is_absolute() else base_dir / p))
     n = raw.get("n")
     report = raw.get("report")
@@ -496,11 +514,17 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         if report:
             raise ConfigError("--cachecheck-record writes the JSON report itself; it conflicts with "
                               "--cachecheck-report (ini cachecheck_report)")
-        for name in ("baseline", "max_rate"):
+        for name in ("baseline", "max_rate", "max_flip_rate"):
             if raw.get(name) is not None:
                 raise ConfigError(f"--cachecheck-record records a baseline, where divergences do not fail "
                                   f"the run; it conflicts with {SPECS[name].flag} (ini {SPECS[name].ini})")
         report = _writable_report(str(record), base_dir, "record")
+    gate_on = str(raw.get("gate_on") or ("flips" if raw.get("max_flip_rate") is not None else "divergence")).strip()
+    if gate_on not in GATE_ON:
+        raise _bad("gate_on", gate_on, "one of " + ", ".join(GATE_ON))
+    if raw.get("max_flip_rate") is not None and gate_on != "flips":
+        raise ConfigError("--cachecheck-max-flip-rate gates the run on flips; it conflicts with "
+                          "--cachecheck-gate-on divergence")
     baseline = raw.get("baseline")
     if baseline:
         bpath = Path(str(baseline)).expanduser()
@@ -512,6 +536,9 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         baseline=baseline or None,
         fail_on=fail_on,
         max_rate=_float("max_rate", raw["max_rate"], 0.0, 1.0) if raw.get("max_rate") is not None else None,
+        gate_on=gate_on,
+        max_flip_rate=_float("max_flip_rate", raw["max_flip_rate"], 0.0, 1.0)
+        if raw.get("max_flip_rate") is not None else None,
         logprobs=not _bool("no_logprobs", raw.get("no_logprobs") or False),
         hit_tolerance_given=raw.get("hit_tolerance") is not None,
         serve=str(serve).strip() if serve else None,
@@ -614,8 +641,8 @@ def check_outputs(settings: Settings, others: Mapping[str, Optional[str]]) -> No
         return f"{SPECS[key].flag} (ini {SPECS[key].ini})" if key in SPECS else key
 
     outputs = [("report", settings.report), ("html", settings.html)] + list(others.items())
-    inputs = [("probes", p) for p in settings.probe_files] + [("baseline", settings.baseline)]
-    inputs += [("episodes", p) for p in settings.episode_files if p != "builtin"]
+    inputs = [("probes", p) for p in settings.probe_files if p not in PROBE_SETS] + [("baseline", settings.baseline)]
+    inputs += [("episodes", p) for p in settings.episode_files if p not in EPISODE_SETS]
     for i, (output, path) in enumerate(outputs):
         for other, other_path in outputs[i + 1:] + inputs:
             if path and other_path and _same_file(path, other_path):
