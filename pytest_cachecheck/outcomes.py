@@ -167,8 +167,8 @@ class Judge:
     def failure(self, answer: Answer) -> Optional[str]:
         try:
             ok = self.fn(answer.text)
-        except AssertionError as exc:
-            return printable(str(exc), 200) or "AssertionError"
+        except AssertionError as exc:  # its first line: pytest's rewriting appends its explanation below
+            return printable(str(exc).split("\n", 1)[0], 200) or "AssertionError"
         return None if ok else f"returned {printable(repr(ok), 40)}"
 
 
