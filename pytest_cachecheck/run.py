@@ -135,7 +135,8 @@ def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
             if n and flipped == n:
                 why.append(f"{counted(n, unit)} flipped the outcome of {'its' if n == 1 else 'their'} checks")
             elif n:
-                why.append(f"{counted(n, unit)} {what}" + (f" ({flipped} flipped the outcome of its checks)"
+                whose = "its" if flipped == 1 else "their"
+                why.append(f"{counted(n, unit)} {what}" + (f" ({flipped} flipped the outcome of {whose} checks)"
                                                            if flipped else ""))
         return Verdict(Status.DIVERGED, False, "; ".join(why))
     if total.errors or check_errors:
