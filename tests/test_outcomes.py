@@ -12,9 +12,22 @@ from typing import Any, List
 import pytest
 
 from pytest_cachecheck.episodes import load_episodes, parse_episode
-from pytest_cachecheck.model import (CACHE_FAILS, CACHE_PASSES, CheckResult, CheckResults, CheckTally, EpisodeRecord,
-                                     EpisodeStep, Outcome, Path as EpisodePath, ProbeRecord, Request, Status, Tally,
-                                     ToolCall)
+from pytest_cachecheck.model import (
+    CACHE_FAILS,
+    CACHE_PASSES,
+    CheckResult,
+    CheckResults,
+    CheckTally,
+    EpisodeRecord,
+    EpisodeStep,
+    Outcome,
+    ProbeRecord,
+    Request,
+    Status,
+    Tally,
+    ToolCall,
+)
+from pytest_cachecheck.model import Path as EpisodePath
 from pytest_cachecheck.outcomes import Answer, Expect, Judge, parse_expect
 from pytest_cachecheck.probes import ProbeFileError, load_probe_file, load_probes, named_probes
 from pytest_cachecheck.run import expectation, judge
