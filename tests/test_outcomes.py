@@ -184,7 +184,7 @@ LOAD_ERRORS = [
     ({"regex": "(unclosed"}, "expect.regex", "not a valid Python regular expression"),
     ({"contains": 3}, "expect.contains", "must be a string"),
     ({"contains": ""}, "expect.contains", "must not be empty"),
-    ({"startswith": "x"}, "expect.startswith", "unknown check; the checks are contains"),
+    ({"startswith": "x"}, "expect", "unknown check \"startswith\"; the checks are contains"),
     ([{"contains": "a"}, {"number": {"value": "1"}}], "expect[1].number.value", "must be a number"),
     ({"number": {"value": 1, "tolerance": -1}}, "expect.number.tolerance", "must not be negative"),
     ({"number": 3}, "expect.number", '{"value": x'),
