@@ -211,8 +211,8 @@ def _episode_answer(r: Dict[str, Any], path: str) -> Any:
 
 def test_task_sets_flips_counted_again(llama_binary: str, tmp_path: Path) -> None:
     """``--cachecheck-probes tasks --cachecheck-episodes tasks`` on the tools model at Q4_0 (the first four task
-    probes: all sixteen took 16 minutes on 2 shared cores, and the tools model answers them in tool-call text
-    that no check passes): the report's accuracies and flips (probes and episodes) equal a count made here from
+    probes, which the tools model answers in text no check passes; the six episodes take most of the 13 to 16
+    minutes this ran on 2 shared cores): the report's accuracies and flips (probes and episodes) equal a count made here from
     the raw per-path answers, every flipped item diverged and failed with the flip first, and the exact McNemar
     p is the one of its flips."""
     from pytest_cachecheck.stats import mcnemar_exact
