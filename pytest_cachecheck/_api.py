@@ -4,13 +4,14 @@ object test authors get from the fixture."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+import dataclasses
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
 
 import pytest
 
 from . import _collect
 from .episodes import Episode
-from .errors import RequestError
+from .errors import JudgeError, RequestError
 from .interrupts import Interrupts
 from .model import EpisodeRecord, Outcome, ProbeRecord, record_key
 from .probes import Probe, parse_probe
@@ -25,6 +26,7 @@ RECORD = "cachecheck"  # user_properties key of a probe record
 CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check() record
 EPISODE_RECORD = "cachecheck_episode"  # user_properties key of an episode record
 EPISODE_CHECK_RECORD = "cachecheck_episode_check"  # of a cachecheck.episode() record
+FLIP = "cachecheck_flip"  # user_properties key (a JUnit property) of an item whose outcome checks flipped
 
 
 class State:
@@ -81,6 +83,8 @@ def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Pro
             record = kind(case.id, case.source, case.fingerprint, Outcome.ERROR, reason=(
                 f"the measurement failed on an unexpected {type(exc).__name__}: {str(exc)[:500]} (the server's "
                 f"answer was not what the plugin can read; please report it)"))
+    if case.expect is not None:
+        record.check_results = case.expect.judge(record)  # on the answers as given, before any scrubbing
     record.target = target
     record.server_url = display_url(runner.settings.url)
     record.worker = worker
@@ -101,9 +105,22 @@ def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], ta
         record.expected = state.session.expectation(record)
         state.measured[key] = record
     request.node.user_properties.append((RECORD if isinstance(case, Probe) else EPISODE_RECORD, record.to_json()))
+    if record.check_results is not None and record.flip:
+        request.node.user_properties.append((FLIP, f"{record.flip}: {record.check_results.flip_text()}"))
     if record.outcome == Outcome.ERROR:
         pytest.fail(f"cachecheck: {record.reason}", pytrace=False)
     return record
+
+
+def _judged(case: Any, judge: Optional[Callable[[str], Any]]) -> Any:
+    """The probe or episode with a test's judge added to its checks."""
+    if judge is None:
+        return case
+    if not callable(judge):
+        raise ValueError(f"judge must be a callable on the answer, got {type(judge).__name__}")
+    from .outcomes import Expect, Judge
+
+    return dataclasses.replace(case, expect=(case.expect or Expect(())).plus(Judge(judge)))
 
 
 class CacheCheck:
@@ -124,12 +141,17 @@ class CacheCheck:
 
     def check(self, turn1: Optional[str] = None, turn2: Optional[str] = None, *,
               messages: Optional[List[Dict[str, str]]] = None, followup: Optional[str] = None,
-              id: Optional[str] = None, target: Optional[str] = None) -> ProbeRecord:
+              id: Optional[str] = None, target: Optional[str] = None, expect: Any = None,
+              judge: Optional[Callable[[str], Any]] = None) -> ProbeRecord:
         """Measure one conversation; returns its record (.same, .different, .valid, .reason, answers).
 
-        ``target`` names the server of a target matrix to measure on (default: the first).
-        Raises ValueError for a malformed conversation or an unknown target, and RequestError when a
-        request fails.
+        ``target`` names the server of a target matrix to measure on (default: the first). ``expect``
+        (the checks of a probe file's ``expect`` field) and ``judge`` (a callable on the turn-2 answer that
+        returns a truth value or raises AssertionError) are the outcome checks, run on each path's answer:
+        ``.check_results``, ``.flip`` (``cache-fails``, ``cache-passes`` or None) and ``.message()``, which
+        starts with the flip.
+        Raises ValueError for a malformed conversation, check or target, RequestError when a request
+        fails, and JudgeError when the judge raises anything but AssertionError (after the record is kept).
         """
         __tracebackhide__ = True  # its locals (the runner, the state) lead to the settings and URLs
         target = self._target(target, "check")
@@ -140,27 +162,31 @@ class CacheCheck:
             obj.update({"turn1": turn1, "turn2": turn2})
         if id is not None:
             obj["id"] = id
+        if expect is not None:
+            obj["expect"] = expect
         probe = parse_probe(obj, path=f"cachecheck.check() in {self._node.nodeid}", line=1,
                             default_id=self._node.name)
-        return self._measure(probe, target, CHECK_RECORD)
+        return self._measure(_judged(probe, judge), target, CHECK_RECORD)
 
     def episode(self, messages: List[Dict[str, str]], user_turns: Optional[List[str]] = None, *,
                 tools: Optional[List[Dict[str, Any]]] = None, tool_results: Optional[Dict[str, Any]] = None,
                 tool_choice: Any = None, max_steps: Optional[int] = None, id: Optional[str] = None,
-                target: Optional[str] = None) -> EpisodeRecord:
+                target: Optional[str] = None, expect: Any = None,
+                judge: Optional[Callable[[str], Any]] = None) -> EpisodeRecord:
         """Measure one episode (the fields of an episode file); returns its record (.same, .changed,
-        .valid, .reason, .parting, .paths). Raises ValueError for a malformed episode or an unknown
-        target, and RequestError when a request fails."""
+        .valid, .reason, .parting, .paths, and with ``expect`` or ``judge``, a callable on the final
+        answer, the outcome checks as for :meth:`check`). Raises ValueError for a malformed episode or an
+        unknown target, RequestError when a request fails, and JudgeError as :meth:`check`."""
         __tracebackhide__ = True
         from .episodes import parse_episode
 
         target = self._target(target, "episode")
         obj: Dict[str, Any] = {"messages": messages, "user_turns": user_turns or []}
         obj.update({k: v for k, v in (("tools", tools), ("tool_results", tool_results), ("tool_choice", tool_choice),
-                                      ("max_steps", max_steps), ("id", id)) if v is not None})
+                                      ("max_steps", max_steps), ("id", id), ("expect", expect)) if v is not None})
         case = parse_episode(obj, path=f"cachecheck.episode() in {self._node.nodeid}", line=1,
                              default_id=self._node.name)
-        return self._measure(case, target, EPISODE_CHECK_RECORD)
+        return self._measure(_judged(case, judge), target, EPISODE_CHECK_RECORD)
 
     def _measure(self, case: Union[Probe, Episode], target: Optional[str], key: str) -> Any:
         __tracebackhide__ = True
@@ -169,6 +195,8 @@ class CacheCheck:
         self._node.user_properties.append((key, record.to_json()))
         if record.outcome == Outcome.ERROR:
             raise RequestError(record.reason)
+        if record.check_results is not None and record.check_results.error is not None:
+            raise JudgeError(f"cachecheck: the check could not be evaluated: {record.check_results.error}")
         return record
 
     def _target(self, target: Optional[str], method: str) -> Optional[str]:

@@ -302,7 +302,8 @@ class Handoff:
                    placement.folder if placement is not None else None)
 
     def to_json(self) -> Dict[str, Any]:
-        return {"probes": [[p.id, [list(m) for m in p.messages], p.followup, p.source] for p in self.probes],
+        return {"probes": [[p.id, [list(m) for m in p.messages], p.followup, p.source,
+                            json.loads(p.expect.spec) if p.expect is not None else None] for p in self.probes],
                 "episodes": [[e.source, e.to_json()] for e in self.episodes],
                 "known_different": [[key, different] for key, different in self.known_different.items()],
                 "served_url": self.served_url, "placement": self.placement}
@@ -320,8 +321,14 @@ class Handoff:
             path, _, line = str(source).rpartition(":")
             episodes.append(parse_episode(obj, path=path, line=int(line) if line.isdigit() else 0,
                                           default_id=obj["id"]))
-        return cls(tuple(Probe(pid, tuple(tuple(m) for m in messages), followup, source)
-                         for pid, messages, followup, source in given["probes"]),
+        from .outcomes import parse_expect
+
+        def expect(source: str, value: Any) -> Any:  # as the controller read it: it cannot fail here
+            return None if value is None else parse_expect(value, lambda f, why: ValueError(f"{source}: {why}"),
+                                                           episode=False)
+
+        return cls(tuple(Probe(pid, tuple(tuple(m) for m in messages), followup, source, expect(source, value))
+                         for pid, messages, followup, source, value in given["probes"]),
                    tuple(episodes), {key: dict(different) for key, different in given["known_different"]},
                    given["served_url"], given["placement"])
 

@@ -31,17 +31,22 @@ import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from .probes import (MAX_ID_LENGTH, ProbeFileError, _describe, _key_name, _quote, _RecordChecker, plain_json,
-                     read_records, read_resource)
+                     read_expect, read_records, read_resource)
+
+if TYPE_CHECKING:
+    from .outcomes import Expect
 
 EPISODE_ROLES = ("system", "developer", "user")
 CHOICES = ("auto", "required", "none")
 DEFAULT_MAX_STEPS = 12
 MAX_STEPS = 64
-_FIELDS = ("id", "messages", "tools", "tool_results", "user_turns", "tool_choice", "max_steps")
+_FIELDS = ("id", "messages", "tools", "tool_results", "user_turns", "tool_choice", "max_steps", "expect")
 _BUILTIN = "builtin_episodes.jsonl"
+#: the episode sets that ship with the plugin, by the name ``--cachecheck-episodes`` takes instead of a path
+NAMED_SETS = {"builtin": _BUILTIN, "tasks": "tasks_episodes.jsonl"}
 
 
 def canonical(obj: Any) -> str:
@@ -93,6 +98,7 @@ class Episode:
     results: Tuple[Tuple[str, ToolScript], ...] = ()
     tool_choice: Tuple[str, ...] = ()  # per step; a single value stands for every step
     max_steps: int = DEFAULT_MAX_STEPS
+    expect: Optional["Expect"] = None  # outcome checks of the final answer and the tool calls; not fingerprinted
 
     @property
     def tool_names(self) -> List[str]:
@@ -130,12 +136,15 @@ class Episode:
         if self.tool_choice:
             out["tool_choice"] = self.tool_choice[0] if len(self.tool_choice) == 1 else list(self.tool_choice)
         out["max_steps"] = self.max_steps
+        if self.expect is not None:
+            out["expect"] = json.loads(self.expect.spec)
         return out
 
     @property
     def fingerprint(self) -> str:
-        """``sha256:<hex>`` of everything but the id and the source."""
-        body = {k: v for k, v in self.to_json().items() if k != "id"}
+        """``sha256:<hex>`` of everything but the id, the source and the outcome checks (the trajectory's
+        inputs)."""
+        body = {k: v for k, v in self.to_json().items() if k not in ("id", "expect")}
         return "sha256:" + hashlib.sha256(canonical(body).encode("utf-8", "surrogatepass")).hexdigest()
 
 
@@ -215,7 +224,9 @@ def parse_episode(obj: object, *, path: str, line: int, default_id: str) -> Epis
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_STEPS:
             raise chk.error("max_steps", f"must be a whole number from 1 to {MAX_STEPS}")
         max_steps = value
-    return Episode(ident, f"{path}:{line}", messages, user_turns, tuple(tools), tuple(results), choices, max_steps)
+    expect = read_expect(obj, chk, episode=True) if "expect" in obj else None
+    return Episode(ident, f"{path}:{line}", messages, user_turns, tuple(tools), tuple(results), choices, max_steps,
+                   expect)
 
 
 def _script(chk: _RecordChecker, value: object, where: str, path: str, line: int) -> ToolScript:
@@ -263,11 +274,17 @@ def _parse(records: Any, stem: str) -> List[Episode]:
 
 
 def load_episodes(paths: Sequence[str]) -> List[Episode]:
-    """Episodes of several files (``builtin`` names the built-in set); ids unique across all."""
+    """Episodes of several files (``builtin`` and ``tasks`` name the sets that ship with the plugin); ids unique
+    across all."""
     out: List[Episode] = []
     seen: Dict[str, str] = {}
     for p in paths:
-        episodes = builtin_episodes() if p == "builtin" else _parse(read_records(p), Path(p).stem)
+        if p == "builtin":
+            episodes = builtin_episodes()
+        elif p in NAMED_SETS:
+            episodes = _parse(read_records(p, read_resource(NAMED_SETS[p])), p)
+        else:
+            episodes = _parse(read_records(p), Path(p).stem)
         for e in episodes:
             if e.id in seen:
                 where, _, line = e.source.rpartition(":")

@@ -37,3 +37,8 @@ class ModelChoiceError(ServerSetupError):
 class WrongModel(CachecheckError):
     """A server answered under another model name than the one the run resolved: the answer is another
     model's, so the probe or episode that asked is inconclusive (the setup checks: a setup problem)."""
+
+
+class JudgeError(CachecheckError):
+    """A test's own judge (``cachecheck.check(..., judge=fn)``) raised something other than AssertionError:
+    an error of the check, never a flip. The record (with the error) is in the report all the same."""

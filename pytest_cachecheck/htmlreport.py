@@ -36,10 +36,10 @@ from types import GeneratorType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .files import write_text
-from .model import (CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE, NEWLY_DIVERGED,
-                    NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE, STILL_SAME,
-                    Comparison, EpisodeRecord, EpisodeStep, Outcome, ProbeRecord, Rate, RunReport, ServerDescription,
-                    Status, Summary, TargetReport)
+from .model import (CACHE_FAILS, CACHE_PASSES, CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE,
+                    NEWLY_DIVERGED, NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE,
+                    STILL_SAME, CheckResult, CheckResults, CheckTally, Comparison, EpisodeRecord, EpisodeStep, Outcome,
+                    ProbeRecord, Rate, RunReport, ServerDescription, Status, Summary, TargetReport)
 from .probes import read_resource
 from .protocol import first_difference
 from .redact import display_url
@@ -64,6 +64,9 @@ STYLES: Dict[str, str] = {
     NOT_RUN: "info",
     "regressed": "bad", "improved": "ok", "unchanged": "info",
     NEW: "bad", EXPECTED: "exp",
+    # the outcome checks (``expect``): each path's result, and a flip
+    "check passed": "ok", "check failed": "warn", "check error": "err", "flipped": "bad", CACHE_FAILS: "bad",
+    CACHE_PASSES: "bad",
 }
 _COLOURS = {"ok": "var(--ok)", "bad": "var(--bad)", "exp": "var(--exp)", "warn": "var(--warn)",
             "err": "var(--err)", "severe": "var(--severe)", "info": "var(--info)"}
@@ -465,11 +468,13 @@ def _probe_article(p: _Probe) -> Markup:
         if at is None and d is not None:
             at = d.char
     head = [h("h4", {}, p.label), _badge(r.outcome.value), _badge(p.kind[0]) if p.kind else None,
+            _badge("flipped") if r.flip else None,
             h("span", {"class": "why"}, r.source) if r.source else None,
             h("span", {"class": "why"}, f"{r.duration_s:.2f} s")]
     out = [h("div", {"class": "probe-head"}, head)]
     if p.kind:
         out.append(h("p", {"class": "note why"}, p.kind[1]))
+    out.append(_checks_html(r.check_results))
     if r.outcome == Outcome.DIFFERENT:
         out.append(h("p", {"class": "divergence"}, _divergence_text(r, at)))
     elif r.reason:
@@ -485,6 +490,34 @@ def _probe_article(p: _Probe) -> Markup:
         out.append(h("details", {}, h("summary", {}, "turn-1 answer"), _answer_html(turn1, None)))
     kind_cls = f" k-{_KIND_CLASS[p.kind[0]]}" if p.kind else ""
     return h("article", {"class": f"probe o-{r.outcome.value}{kind_cls}", "id": p.anchor}, out)
+
+
+def _check_cell(r: Optional[CheckResult]) -> Markup:
+    if r is None:
+        return h("td", {}, h("span", {"class": "none"}, "not evaluated (the item is not valid)"))
+    word = "check error" if r.passed is None else "check passed" if r.passed else "check failed"
+    return h("td", {}, _badge(word), " " if r.reason else None, h("span", {"class": "why"}, r.reason or None))
+
+
+def _checks_html(c: Optional[CheckResults]) -> Markup:
+    """An item's outcome checks: the flip first (when the cache flipped the outcome), then each path's result."""
+    if c is None:
+        return Markup()
+    flip = c.flip_text()
+    rows = [h("tr", {}, h("th", {}, "checks"), h("td", {}, "; ".join(c.checks))),
+            h("tr", {}, h("th", {}, "cache path"), _check_cell(c.cache)),
+            h("tr", {}, h("th", {}, "recompute path"), _check_cell(c.recompute))]
+    return h("div", {"class": "outcome-checks"},
+             h("p", {"class": "flip"}, _badge("flipped"), " ", _badge(c.flip), " ", flip) if flip else None,
+             h("table", {"class": "grid checks"}, rows))
+
+
+def _check_summary_html(t: Optional[CheckTally], unit: str, ident: str) -> Markup:
+    """The outcome checks' accuracy on each path and the flips (the terminal's lines), when any item had any."""
+    from .terminal import check_lines
+
+    lines = check_lines(t, unit)
+    return h("p", {"id": ident}, join(lines, Markup("<br>"))) if lines else Markup()
 
 
 def _divergence_text(r: ProbeRecord, at: Optional[int]) -> Markup:
@@ -549,9 +582,11 @@ def _step_cell(step: Optional[EpisodeStep], other: Optional[EpisodeStep], parted
 
 def _episode_article(e: EpisodeRecord, anchor: str) -> Markup:
     out = [h("div", {"class": "probe-head"}, h("h4", {}, e.key), _badge(e.outcome.value),
+             _badge("flipped") if e.flip else None,
              h("span", {"class": "why"}, e.source), h("span", {"class": "why"}, f"{e.duration_s:.2f} s"))]
     if e.reason:
         out.append(h("pre", {"class": "reason"}, e.reason))
+    out.append(_checks_html(e.check_results))
     cache, recompute = e.path("cache-1"), e.path("recompute-1")
     if cache is not None and recompute is not None:
         parted = e.parting.step if e.parting is not None else None
@@ -586,6 +621,7 @@ def _episodes_section(t: TargetReport, suffix: str) -> Markup:
     if s.parting_steps:
         out.append(h("p", {}, "first parting step: ",
                      _figures(((f"step {k}:", v) for k, v in s.parting_steps.items()), ", ")))
+    out.append(_check_summary_html(t.check_tallies()[1], "episode", f"episode-checks{suffix}"))
     anchors = {e.id: f"episode-{i}{suffix}" for i, e in enumerate(t.episodes)}
     if t.episode_baseline is not None:
         out.append(_comparison_section(t.episode_baseline, anchors, title="Baseline comparison of the episodes",
@@ -620,6 +656,10 @@ def _verdict_box(report: RunReport, probes: Dict[Optional[str], List[_Probe]]) -
 def _matter(probes: Sequence[_Probe], block: bool = False) -> Markup:
     """Links to the probes that matter: new divergences, errors, expected divergences, inconclusive."""
     parts = []
+    flipped = [p for p in probes if p.record.flip]
+    if flipped:
+        parts.append(join([f"flipped outcomes ({len(flipped)}): ",
+                           join((h("a", {"href": f"#{p.anchor}"}, p.label) for p in flipped[:12]), ", ")]))
     titles = {key: title for key, title, _ in _GROUPS}
     for key in ("new", "errors", "expected", "inconclusive"):
         members = [p for p in probes if p.group == key]
@@ -699,7 +739,7 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[Markup]:
     parts = [_verdict_box(report, {None: probes})]
     if not only_episodes:
         parts += [h("h2", {}, "Summary"), _counts(s, True), h("p", {"id": "rate"}, _rate_html(s.rate)),
-                  _summary_warnings(s)]
+                  _check_summary_html(t.check_tallies()[0], "probe", "checks"), _summary_warnings(s)]
     parts += [_setup_warnings(t.setup.setup_warnings, ""), _chart(probes, report.settings.get("max_tokens"), "")]
     if t.baseline is not None:
         parts.append(_comparison_section(t.baseline, anchors, title="Baseline comparison", ident="baseline"))
@@ -790,7 +830,8 @@ def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], Li
     s = t.summary
     out = [h("h2", {}, f"Target {t.name}{' (reference)' if i == 0 else ''}"),
            h("p", {}, _word(s.status), _badge(s.status.value), " ", h("span", {"class": "why"}, s.why)),
-           _counts(s, False), h("p", {}, _rate_html(s.rate)), _summary_warnings(s),
+           _counts(s, False), h("p", {}, _rate_html(s.rate)),
+           _check_summary_html(t.check_tallies()[0], "probe", f"checks-{i}"), _summary_warnings(s),
            _setup_warnings(t.setup.setup_warnings, f"-{i}"),
            _chart(probes, report.settings.get("max_tokens"), f"-{i}")]
     if t.baseline is not None:

@@ -13,7 +13,7 @@ from enum import Enum
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 from . import __version__
-from .stats import wilson
+from .stats import mcnemar_exact, wilson
 from .text import printable
 
 SCHEMA_VERSION = 1
@@ -326,6 +326,69 @@ class Checks:
                    bool(f["recompute_reused"].opt_bool()))
 
 
+CACHE_FAILS = "cache-fails"  # a flip: the recompute path passes its checks, the cache path fails them
+CACHE_PASSES = "cache-passes"  # a flip the other way
+
+
+@dataclass
+class CheckResult:
+    """One path's result on an item's outcome checks (``expect``, or a test's judge)."""
+
+    passed: Optional[bool]  # None: the check itself failed (a test's judge raised), which is never a flip
+    reason: str = ""  # when it did not pass: the first failing check and why
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"passed": self.passed, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, f: _Field) -> Optional["CheckResult"]:
+        if f.value is None:
+            return None
+        return cls(f["passed"].opt_bool(), f["reason"].opt_string() or "")
+
+
+@dataclass
+class CheckResults:
+    """An item's outcome checks and their result on each path (none when the item was not valid)."""
+
+    checks: List[str]  # each check as described
+    cache: Optional[CheckResult] = None
+    recompute: Optional[CheckResult] = None
+
+    @property
+    def flip(self) -> Optional[str]:
+        """``cache-fails`` or ``cache-passes`` when the paths' results differ (both evaluated), else None."""
+        a, b = self.cache, self.recompute
+        if a is None or b is None or a.passed is None or b.passed is None or a.passed == b.passed:
+            return None
+        return CACHE_FAILS if b.passed else CACHE_PASSES
+
+    @property
+    def error(self) -> Optional[str]:
+        """Why a check could not be evaluated (a judge raised), else None."""
+        return next((r.reason for r in (self.cache, self.recompute) if r is not None and r.passed is None), None)
+
+    def flip_text(self) -> Optional[str]:
+        """``outcome flipped: the cache path fails `contains 'x'` (why); the recompute path passes``."""
+        flip = self.flip
+        if flip is None:
+            return None
+        assert self.cache is not None and self.recompute is not None
+        failing, passing = ("cache", "recompute") if flip == CACHE_FAILS else ("recompute", "cache")
+        why = (self.cache if flip == CACHE_FAILS else self.recompute).reason
+        return f"outcome flipped: the {failing} path fails {why}; the {passing} path passes"
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"checks": list(self.checks), "cache": self.cache.to_json() if self.cache else None,
+                "recompute": self.recompute.to_json() if self.recompute else None, "flip": self.flip}
+
+    @classmethod
+    def from_json(cls, f: _Field) -> Optional["CheckResults"]:
+        if f.value is None:
+            return None
+        return cls(f["checks"].strings(), CheckResult.from_json(f["cache"]), CheckResult.from_json(f["recompute"]))
+
+
 ANSWER_STEPS = {"turn1": ("cache-1/turn-1", "cache-2/turn-1"), "cache": ("cache-1/turn-2", "cache-2/turn-2"),
                 "recompute": ("recompute-1/turn-2", "recompute-2/turn-2")}
 
@@ -348,6 +411,23 @@ class _Measured:
     @property
     def same(self) -> bool:
         return self.outcome == Outcome.SAME
+
+    @property
+    def flip(self) -> Optional[str]:
+        """``cache-fails`` / ``cache-passes`` when the cache flipped the outcome of the item's checks."""
+        results: Optional[CheckResults] = getattr(self, "check_results", None)
+        return results.flip if results is not None else None
+
+    @property
+    def flipped(self) -> bool:
+        return self.flip is not None
+
+    def message(self) -> str:
+        """The text a user sees for this outcome: a flip first, then the reason."""
+        results: Optional[CheckResults] = getattr(self, "check_results", None)
+        flip = results.flip_text() if results is not None else None
+        reason: str = getattr(self, "reason", "")
+        return f"{flip}\n{reason}" if flip and reason else flip or reason
 
 
 @dataclass
@@ -375,6 +455,7 @@ class ProbeRecord(_Measured):
     #: why this divergence does not fail the run by itself (baseline, gate, recording); None when it does.
     #: Set once, by ``run.expectation``, where the record is made; every output reads it from here.
     expected: Optional[str] = None
+    check_results: Optional[CheckResults] = None  # the outcome checks (``expect``, a judge), when it had any
 
     def __repr__(self) -> str:
         # short, and without the answers (a traceback with -l shows it; answers may echo what was sent)
@@ -398,10 +479,6 @@ class ProbeRecord(_Measured):
     def recompute_answer(self) -> Optional[str]:
         return self.content("recompute-1/turn-2")
 
-    def message(self) -> str:
-        """The text a user sees for this outcome."""
-        return self.reason
-
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {
             "id": self.id, "source": self.source, "fingerprint": self.fingerprint, "outcome": self.outcome.value,
@@ -419,6 +496,8 @@ class ProbeRecord(_Measured):
             out["test"] = self.test
         if self.expected is not None:
             out["expected"] = self.expected
+        if self.check_results is not None:
+            out["check_results"] = self.check_results.to_json()
         return out
 
     @classmethod
@@ -429,7 +508,7 @@ class ProbeRecord(_Measured):
                    Checks.from_json(f["checks"]), [Request.from_json(r) for r in f["requests"].opt_items()],
                    f["duration_s"].opt_float() or 0.0, f["target"].opt_string(), f["server_url"].opt_string(),
                    f["worker"].opt_string(), Setup.from_json(f["run"]), f["test"].opt_string(),
-                   f["expected"].opt_string())
+                   f["expected"].opt_string(), CheckResults.from_json(f["check_results"]))
 
 
 # -- one episode ----------------------------------------------------------------------------------------
@@ -538,6 +617,7 @@ class EpisodeRecord(_Measured):
     run: Optional[Setup] = None
     test: Optional[str] = None
     expected: Optional[str] = None  # as ProbeRecord.expected
+    check_results: Optional[CheckResults] = None  # as ProbeRecord.check_results
 
     def __repr__(self) -> str:
         return f"EpisodeRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
@@ -552,9 +632,6 @@ class EpisodeRecord(_Measured):
 
     def path(self, name: str) -> Optional[Path]:
         return next((p for p in self.paths if p.name == name), None)
-
-    def message(self) -> str:
-        return self.reason
 
     def to_json(self) -> Dict[str, Any]:
         out: Dict[str, Any] = {
@@ -572,6 +649,8 @@ class EpisodeRecord(_Measured):
             out["test"] = self.test
         if self.expected is not None:
             out["expected"] = self.expected
+        if self.check_results is not None:
+            out["check_results"] = self.check_results.to_json()
         return out
 
     @classmethod
@@ -582,7 +661,7 @@ class EpisodeRecord(_Measured):
                    [Path.from_json(p) for p in f["paths"].opt_items()], f["hit_tolerance"].opt_integer(),
                    f["duration_s"].opt_float() or 0.0, f["target"].opt_string(), f["server_url"].opt_string(),
                    f["worker"].opt_string(), Setup.from_json(f["run"]), f["test"].opt_string(),
-                   f["expected"].opt_string())
+                   f["expected"].opt_string(), CheckResults.from_json(f["check_results"]))
 
 
 # -- counts, rates and verdicts ---------------------------------------------------------------------------
@@ -619,6 +698,64 @@ class Tally:
     @property
     def rate(self) -> Optional["Rate"]:
         return Rate(self.different, self.valid) if self.valid else None
+
+
+@dataclass
+class CheckTally:
+    """The outcome checks of valid items (probes or episodes) with checks: each path's passes (its
+    accuracy: passes / items), the flips each way and the exact McNemar test on them."""
+
+    items: int = 0  # valid items with checks
+    cache_passed: int = 0
+    recompute_passed: int = 0
+    cache_fails: int = 0  # flips: recompute passed, cache failed
+    cache_passes: int = 0  # flips: cache passed, recompute failed
+    check_errors: int = 0  # items whose check could not be evaluated (a judge raised)
+    flipped: List[str] = field(default_factory=list)  # record keys of the flipped items
+
+    @classmethod
+    def of(cls, records: Sequence[Union["ProbeRecord", "EpisodeRecord"]]) -> Optional["CheckTally"]:
+        """None when no record had checks."""
+        checked = [r for r in records if r.check_results is not None]
+        if not checked:
+            return None
+        t = cls()
+        for r in checked:
+            res = r.check_results
+            assert res is not None
+            if not r.valid or res.cache is None or res.recompute is None:
+                continue
+            if res.error is not None:
+                t.check_errors += 1
+                continue
+            t.items += 1
+            t.cache_passed += bool(res.cache.passed)
+            t.recompute_passed += bool(res.recompute.passed)
+            if res.flip == CACHE_FAILS:
+                t.cache_fails += 1
+            elif res.flip == CACHE_PASSES:
+                t.cache_passes += 1
+            if res.flip:
+                t.flipped.append(r.key)
+        return t
+
+    @property
+    def flips(self) -> int:
+        return self.cache_fails + self.cache_passes
+
+    def accuracy(self, path: str) -> Optional[float]:
+        passed = self.cache_passed if path == "cache" else self.recompute_passed
+        return passed / self.items if self.items else None
+
+    @property
+    def mcnemar_p(self) -> float:
+        return mcnemar_exact(self.cache_fails, self.cache_passes)
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"items": self.items, "cache_passed": self.cache_passed, "recompute_passed": self.recompute_passed,
+                "cache_accuracy": self.accuracy("cache"), "recompute_accuracy": self.accuracy("recompute"),
+                "flips": self.flips, "cache_fails": self.cache_fails, "cache_passes": self.cache_passes,
+                "mcnemar_p": self.mcnemar_p, "check_errors": self.check_errors, "flipped": list(self.flipped)}
 
 
 @dataclass(frozen=True)
@@ -863,6 +1000,21 @@ class TargetReport:
         if self.vs_reference is not None:
             out["vs_reference"] = self.vs_reference.to_json()
         out.update(self.episode_json(records=False))
+        out.update(self.check_json())
+        return out
+
+    def check_tallies(self) -> Tuple[Optional[CheckTally], Optional[CheckTally]]:
+        """The outcome checks of the probes and of the episodes (None where none had checks)."""
+        return CheckTally.of(self.probes), CheckTally.of(self.episodes or [])
+
+    def check_json(self) -> Dict[str, Any]:
+        """``check_summary`` / ``episode_check_summary``: only where an item had checks."""
+        probes, episodes = self.check_tallies()
+        out: Dict[str, Any] = {}
+        if probes is not None:
+            out["check_summary"] = probes.to_json()
+        if episodes is not None:
+            out["episode_check_summary"] = episodes.to_json()
         return out
 
     def episode_json(self, records: bool) -> Dict[str, Any]:
@@ -934,7 +1086,7 @@ class RunReport:
                    "nocache_server": s.nocache_server.to_json() if s.nocache_server else None,
                    "probe_set": self.probe_set.to_json(), "served": t.served, "hit_tolerance": s.hit_tolerance,
                    "setup_warnings": list(s.setup_warnings), "setup_checks": list(s.setup_checks),
-                   "summary": self.summary.to_json(), "probes": [p.to_json() for p in t.probes]}
+                   "summary": self.summary.to_json(), **t.check_json(), "probes": [p.to_json() for p in t.probes]}
             if t.baseline is not None:
                 out["baseline"] = t.baseline.to_json()
             if self.episode_set is not None:

@@ -34,7 +34,10 @@ import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import TYPE_CHECKING, Any, Union
+
+if TYPE_CHECKING:
+    from .outcomes import Expect
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -58,13 +61,16 @@ MAX_ID_LENGTH = 200
 
 _SHORT_FORM = ("turn1", "turn2")
 _MESSAGES_FORM = ("messages", "followup")
-_ALLOWED_FIELDS = ("id",) + _SHORT_FORM + _MESSAGES_FORM
-_ALLOWED_FIELDS_TEXT = "allowed fields are 'id', 'turn1', 'turn2' or 'id', 'messages', 'followup'"
+_ALLOWED_FIELDS = ("id", "expect") + _SHORT_FORM + _MESSAGES_FORM
+_ALLOWED_FIELDS_TEXT = ("allowed fields are 'id', 'turn1', 'turn2' or 'id', 'messages', 'followup', and 'expect' "
+                        "(outcome checks) in either form")
 _MESSAGE_KEYS = ("role", "content")
 _JSON_WS = " \t\r\n"
 _BOM = b"\xef\xbb\xbf"
 _BUILTIN_LABEL = "builtin"
 _BUILTIN_RESOURCE = "builtin_probes.jsonl"
+#: the probe sets that ship with the plugin, by the name ``--cachecheck-probes`` takes instead of a path
+NAMED_SETS = {"builtin": _BUILTIN_RESOURCE, "tasks": "tasks_probes.jsonl"}
 
 PathArg = Union[str, "os.PathLike[str]"]
 
@@ -123,6 +129,8 @@ class Probe:
     followup: str
     #: Where the probe came from: ``"path:line"`` or ``"builtin:line"``.
     source: str
+    #: The outcome checks of its turn-2 answer (the ``expect`` field), if any; not part of the fingerprint.
+    expect: "Expect | None" = None
 
     def __post_init__(self) -> None:
         msgs = self.messages
@@ -400,7 +408,27 @@ def parse_probe(obj: object, *, path: str, line: int, default_id: str) -> Probe:
         messages = chk.messages(obj["messages"])
         followup = chk.text(obj["followup"], "followup")
 
-    return Probe(id=probe_id, messages=messages, followup=followup, source=f"{path}:{line}")
+    expect = read_expect(obj, chk, episode=False) if "expect" in obj else None
+    return Probe(id=probe_id, messages=messages, followup=followup, source=f"{path}:{line}", expect=expect)
+
+
+def read_expect(obj: dict, chk: _RecordChecker, *, episode: bool) -> "Expect":  # type: ignore[type-arg]
+    """A record's ``expect`` field as outcome checks (:mod:`.outcomes`); errors name the file, line and field."""
+    from .outcomes import parse_expect
+
+    _nested_duplicates(obj["expect"], chk, "expect")
+    value = plain_json(obj["expect"], path=chk.path, line=chk.line, field="expect")
+    return parse_expect(value, chk.error, episode=episode)
+
+
+def _nested_duplicates(value: object, chk: _RecordChecker, field: str) -> None:
+    if isinstance(value, dict):
+        chk.duplicate_keys(value, field + ".")
+        for k, v in value.items():
+            _nested_duplicates(v, chk, f"{field}.{_key_name(k)}")
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            _nested_duplicates(v, chk, f"{field}[{i}]")
 
 
 # --------------------------------------------------------------------------- file parsing
@@ -604,7 +632,7 @@ def load_probes(paths: Sequence[PathArg]) -> list[Probe]:
     probes: list[Probe] = []
     seen: dict[str, Probe] = {}
     for path in paths:
-        for probe in load_probe_file(path):
+        for probe in named_probes(path) if path in NAMED_SETS else load_probe_file(path):
             first = seen.get(probe.id)
             if first is not None:
                 file_path, _, _ = probe.source.rpartition(":")
@@ -642,6 +670,14 @@ def builtin_probes() -> list[Probe]:
     if _builtin_cache is None:
         _builtin_cache = tuple(_parse_bytes(_builtin_bytes(), _BUILTIN_LABEL, _BUILTIN_LABEL))
     return list(_builtin_cache)
+
+
+def named_probes(name: str) -> list[Probe]:
+    """A probe set that ships with the plugin (:data:`NAMED_SETS`): ``builtin``, the 20 open-ended
+    conversations, or ``tasks``, two-turn tasks whose answers carry outcome checks (source ``<name>:<line>``)."""
+    if name == _BUILTIN_LABEL:
+        return builtin_probes()
+    return _parse_bytes(read_resource(NAMED_SETS[name]), name, name)
 
 
 def read_records(path: PathArg, data: bytes | None = None) -> Iterator[tuple[str, int, object]]:

@@ -13,8 +13,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .baseline import Baseline, compare, env_of, should_fail
 from .identity import server_groups
-from .model import (Comparison, EpisodeRecord, EpisodeSummary, Outcome, ProbeRecord, ProbeSet, RunReport, Setup,
-                    Status, Summary, Tally, TargetReport, Verdict, record_key)
+from .model import (CheckTally, Comparison, EpisodeRecord, EpisodeSummary, Outcome, ProbeRecord, ProbeSet, RunReport,
+                    Setup, Status, Summary, Tally, TargetReport, Verdict, record_key)
 from .redact import display_url
 from .settings import Settings
 from .text import counted
@@ -37,6 +37,29 @@ def max_rate_gate(t: Tally, max_rate: float, what: str = "divergence rate", unit
     return False, f"{what} {rate:.1%} is within --cachecheck-max-rate {max_rate:g}"
 
 
+def max_flip_rate_gate(t: Optional[CheckTally], max_rate: float, unit: str = "probe") -> Gate:
+    """--cachecheck-max-flip-rate: fail when flips / valid items with checks exceeds max_rate."""
+    if t is None or not t.items:
+        return False, f"no valid {unit} with checks to measure a flip rate on"
+    rate = t.flips / t.items
+    if rate > max_rate:
+        return True, (f"{unit} flip rate {rate:.1%} ({t.flips} of {t.items}) exceeds --cachecheck-max-flip-rate "
+                      f"{max_rate:g}")
+    return False, f"{unit} flip rate {rate:.1%} is within --cachecheck-max-flip-rate {max_rate:g}"
+
+
+def flips_gate(probes: Optional[CheckTally], episodes: Optional[CheckTally], divergences: int) -> Gate:
+    """--cachecheck-gate-on flips: fails when no valid item has checks (nothing for the gate to judge), else
+    says what it judged (each flip fails the run by itself, see :func:`expectation`)."""
+    items = sum(t.items for t in (probes, episodes) if t is not None)
+    if not items:
+        return True, ("--cachecheck-gate-on flips: no valid probe or episode has outcome checks ('expect') that "
+                      "could be evaluated, so no flip could be seen")
+    flips = sum(t.flips for t in (probes, episodes) if t is not None)
+    return False, (f"gated on flips: {counted(flips, 'flip')} in {counted(items, 'valid item')} with checks; "
+                   f"{counted(divergences - flips, 'divergence')} flipped no outcome")
+
+
 def record_gate(t: Tally, episodes: Optional[Tally] = None) -> Gate:
     """--cachecheck-record: divergences are what a baseline records, never a failure."""
     what = f"{t.different} of {counted(t.valid, 'valid probe')} differed"
@@ -53,18 +76,27 @@ def expectation(record: Union[ProbeRecord, EpisodeRecord], settings: Settings,
     from there by the item, the verdict and every report. ``known_different``: id -> conversation fingerprint
     of the probes (or episodes) that differed in this target's baseline.
 
-    Recording a baseline expects every divergence. Under a baseline, one that also differed there (the same
-    conversation) is expected; under the default policy ``new-divergence`` any other fails, whatever else is
-    set. Otherwise a rate gate (``--cachecheck-max-rate``) or another baseline policy decides at the end of
-    the session, and without either, any divergence fails."""
+    Recording a baseline expects every divergence. Gated on flips (``--cachecheck-gate-on flips``), a
+    divergence that flipped no outcome check is expected. Under a baseline, one that also differed there (the
+    same conversation) is expected; under the default policy ``new-divergence`` any other fails, whatever
+    else is set. Otherwise a rate gate (``--cachecheck-max-flip-rate`` for a flip, ``--cachecheck-max-rate``)
+    or another baseline policy decides at the end of the session, and without either, any divergence
+    fails. A flip is always a divergence (the paths' answers differ); under the default gate it fails as
+    any divergence does, its message naming the flip first."""
     if record.outcome != Outcome.DIFFERENT:
         return None
     if settings.record:
         return "diverged; recorded as the baseline (--cachecheck-record)"
+    if settings.gate_on == "flips" and not record.flip:
+        why = ("no outcome check changed its result" if record.check_results is not None
+               else "it has no outcome checks ('expect')")
+        return f"a divergence that flipped no outcome ({why}); the gate is on flips (--cachecheck-gate-on flips)"
     if known_different.get(record.id) == record.fingerprint:
         return "also differed in the baseline"
     if settings.baseline is not None and settings.fail_on == "new-divergence":
         return None
+    if settings.max_flip_rate is not None:
+        return "flipped; the flip-rate gate decides (--cachecheck-max-flip-rate)"
     if settings.max_rate is not None:
         return "diverged; the rate gate decides (--cachecheck-max-rate)"
     if settings.baseline is not None:
@@ -75,14 +107,15 @@ def expectation(record: Union[ProbeRecord, EpisodeRecord], settings: Settings,
 def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
           gates: Optional[Sequence[Gate]] = None, unreliable: Optional[str] = None,
           episodes: Optional[Tally] = None, unexpected: Tuple[int, int] = (0, 0),
-          not_measured: Sequence[str] = (), check_errors: int = 0) -> Verdict:
+          not_measured: Sequence[str] = (), check_errors: int = 0, flips: Tuple[int, int] = (0, 0)) -> Verdict:
     """One target's verdict over its probes (and episodes). ``unexpected``: how many valid probes and episodes
     differed without a reason to expect it (:func:`expectation`): each fails the run. ``gates`` (max rate,
     baseline policy, recording) decide the rest. ``unreliable`` says why no outcome can be trusted (it
     overrides everything). ``interrupted`` may be the text saying how. ``not_measured``: the record keys of
     the selected probes and episodes that ended without a record; a run with any never passes, nor does one
     without a valid probe or episode. ``check_errors``: the tests' own ``cachecheck.check()`` and
-    ``cachecheck.episode()`` measurements that failed with a request error (an error, never a pass)."""
+    ``cachecheck.episode()`` measurements that failed with a request error (an error, never a pass).
+    ``flips``: how many of the ``unexpected`` probes and episodes flipped the outcome of their checks."""
     total = t + episodes if episodes is not None else t
     items = "probes" if episodes is None else "probes and episodes"
     if unreliable:
@@ -96,9 +129,15 @@ def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
     if failing:
         return Verdict(Status.GATE_FAILED, False, "; ".join(failing))
     if any(unexpected):
-        why = [f"{counted(unexpected[0], 'valid probe')} gave a different turn-2 answer"] if unexpected[0] else []
-        if unexpected[1]:
-            why.append(f"{counted(unexpected[1], 'valid episode')} changed trajectory")
+        why = []
+        for n, flipped, unit, what in ((unexpected[0], flips[0], "valid probe", "gave a different turn-2 answer"),
+                                       (unexpected[1], flips[1], "valid episode", "changed trajectory")):
+            if n and flipped == n:
+                why.append(f"{counted(n, unit)} flipped the outcome of {'its' if n == 1 else 'their'} checks")
+            elif n:
+                whose = "its" if flipped == 1 else "their"
+                why.append(f"{counted(n, unit)} {what}" + (f" ({flipped} flipped the outcome of {whose} checks)"
+                                                           if flipped else ""))
         return Verdict(Status.DIVERGED, False, "; ".join(why))
     if total.errors or check_errors:
         what = "probe" if episodes is None else "probe or episode"
@@ -350,10 +389,19 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
                 gates.append(should_fail(ecomparison, settings.fail_on, unit="episode",
                                          unexpected=[r.id for r in emine if _unexpected(r)]))
             episode_result = EpisodeResult(emine, epicked, etally, ecomparison)
+        if settings.gate_on == "flips":
+            checked = (CheckTally.of(mine), CheckTally.of(episode_result.records) if episode_result else None)
+            if settings.max_flip_rate is not None:
+                gates += [max_flip_rate_gate(t, settings.max_flip_rate, unit)
+                          for t, unit in zip(checked, ("probe", "episode")) if t is not None]
+            if mine or (episode_result and episode_result.records):
+                gates.append(flips_gate(*checked, tally.different + (episode_result.tally.different
+                                                                     if episode_result else 0)))
         if settings.record:
             gates.append(record_gate(tally, episode_result.tally if episode_result is not None else None))
-        unexpected = (sum(1 for r in mine if _unexpected(r)),
-                      sum(1 for r in episode_result.records if _unexpected(r)) if episode_result is not None else 0)
+        erecords = episode_result.records if episode_result is not None else []
+        unexpected = (sum(1 for r in mine if _unexpected(r)), sum(1 for r in erecords if _unexpected(r)))
+        flipped = (sum(1 for r in mine if _unexpected(r) and r.flip), sum(1 for r in erecords if _unexpected(r) and r.flip))
         not_measured = [k for pid, k in keys if k not in records and (chosen is None or k in chosen)]
         if episodes is not None:
             not_measured += [k for _, k in ekeys if k not in episodes.records
@@ -362,7 +410,7 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
                         placement_problem(every, target.name),
                         episode_result.tally if episode_result is not None else None, unexpected, not_measured,
                         sum(1 for c in [*checks, *episode_checks]
-                            if c.target == target.name and c.outcome == Outcome.ERROR))
+                            if c.target == target.name and c.outcome == Outcome.ERROR), flipped)
         results.append(TargetResult(target, mine, picked, setup, tally, verdict, comparison, episode_result))
     if settings.targets:
         verdict = combine_verdicts([(str(t.name), t.verdict) for t in results])

@@ -30,6 +30,10 @@ from .redact import MIN_SECRET, ambiguous_url, display_url, split_credentials
 
 MODES = ("auto", "llama.cpp", "one-server", "two-servers")  # the first is the default
 FAIL_POLICIES = ("new-divergence", "rate-increase", "never")  # the first is the default
+GATE_ON = ("divergence", "flips")  # the first is the default
+#: the probe and episode sets that ship with the plugin, by name instead of a path
+PROBE_SETS = ("builtin", "tasks")
+EPISODE_SETS = ("builtin", "tasks")
 DEFAULT_MAX_TOKENS = 256
 DEFAULT_TOLERANCE = 32
 DEFAULT_TIMEOUT = 300.0
@@ -63,6 +67,8 @@ class Settings:
     baseline: Optional[str] = None
     fail_on: str = FAIL_POLICIES[0]
     max_rate: Optional[float] = None
+    gate_on: str = GATE_ON[0]  # or "flips": only a flipped outcome check fails the run
+    max_flip_rate: Optional[float] = None
     record: bool = False  # --cachecheck-record: ``report`` is a baseline being recorded
     logprobs: bool = True
     hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
@@ -104,6 +110,8 @@ class Settings:
             "serve": self.serve if self.serve in (None, "demo") else Path(self.serve).name,
             "server_args": self.server_args,
             **({"episode_files": list(self.episode_files)} if self.episode_files else {}),
+            **({"gate_on": self.gate_on, "max_flip_rate": self.max_flip_rate} if self.gate_on != GATE_ON[0]
+               else {}),
         }
 
 
@@ -289,10 +297,10 @@ def _path(name: str, value: Any, base: Path, allowed: str = "a path whose ~user 
 
 
 def _paths(name: str, value: Any, base: Path) -> Tuple[str, ...]:
-    """Input files; for episodes, ``builtin`` is the set that ships with the plugin."""
-    builtin = name == "episodes"
-    allowed = "a path whose ~user exists" + (", or 'builtin'" if builtin else "")
-    return tuple(f if builtin and f == "builtin" else _path(name, f, base, allowed) for f in _listed(value))
+    """Input files, or the name of a set that ships with the plugin (:data:`PROBE_SETS`, :data:`EPISODE_SETS`)."""
+    sets = EPISODE_SETS if name == "episodes" else PROBE_SETS
+    allowed = "a path whose ~user exists, " + ", ".join(repr(n) for n in sets[:-1]) + f" or {sets[-1]!r}"
+    return tuple(f if f in sets else _path(name, f, base, allowed) for f in _listed(value))
 
 
 def _output(name: str, value: Any, base: Path) -> Optional[str]:
@@ -438,6 +446,13 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("max_rate", "--cachecheck-max-rate",
                "fail the session when the divergence rate (different / valid) exceeds R; divergent probes "
                "are then reported as expected failures", _number(0.0, 1.0), metavar="R"),
+    OptionSpec("gate_on", "--cachecheck-gate-on",
+               "what fails the run: divergence (default: any valid probe or episode whose paths differ) or "
+               "flips (only those whose outcome checks, 'expect', pass on one path and fail on the other; a "
+               "divergence that flips no check is then an expected failure)", _choice(GATE_ON), metavar="WHAT"),
+    OptionSpec("max_flip_rate", "--cachecheck-max-flip-rate",
+               "fail the session when flips / valid items with checks exceed R (implies --cachecheck-gate-on "
+               "flips; flipped items are then reported as expected failures)", _number(0.0, 1.0), metavar="R"),
     OptionSpec("no_logprobs", "--cachecheck-no-logprobs",
                "do not ask for top-2 logprobs on turn-2 requests (they give each divergence its margin)",
                lambda n, v, b: not _bool(n, v or False, b), "logprobs", kind="bool", reproduced=True),
@@ -496,6 +511,11 @@ RULES: Tuple[Rule, ...] = (
     (lambda s, raw: s.record and raw.get("max_rate") is not None,
      ("--cachecheck-record records a baseline, where divergences do not fail the run; it conflicts with "
       "--cachecheck-max-rate (ini cachecheck_max_rate)")),
+    (lambda s, raw: s.record and raw.get("max_flip_rate") is not None,
+     ("--cachecheck-record records a baseline, where divergences do not fail the run; it conflicts with "
+      "--cachecheck-max-flip-rate (ini cachecheck_max_flip_rate)")),
+    (lambda s, raw: s.max_flip_rate is not None and s.gate_on != "flips",
+     "--cachecheck-max-flip-rate gates the run on flips; it conflicts with --cachecheck-gate-on divergence"),
 )
 
 
@@ -514,8 +534,8 @@ def ini_paths(name: str, value: Any, base: Path) -> Any:
 
     def one(path: str) -> str:
         text = str(path).strip()
-        if not text or text == "builtin" or text.startswith("~") or Path(text).is_absolute():
-            return text  # "builtin": the episode set that ships with the plugin
+        if not text or text in PROBE_SETS + EPISODE_SETS or text.startswith("~") or Path(text).is_absolute():
+            return text  # "builtin", "tasks": the sets that ship with the plugin
         return str(base / text)
 
     return [one(v) for v in value] if isinstance(value, list) else one(value)
@@ -554,6 +574,8 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
         values["replicas"] = ()
     if values.get("mode", MODES[0]) == "auto" and values.get("nocache_url"):
         values["mode"] = "two-servers"
+    if values.get("max_flip_rate") is not None and "gate_on" not in values:
+        values["gate_on"] = "flips"  # a flip rate gates on flips
     record = values.pop("record", None)
     if record:
         values.update(report=record, record=True)
@@ -615,8 +637,8 @@ def check_outputs(settings: Settings, others: Mapping[str, Optional[str]]) -> No
         return f"{SPECS[key].flag} (ini {SPECS[key].ini})" if key in SPECS else key
 
     outputs = [("report", settings.report), ("html", settings.html)] + list(others.items())
-    inputs = [("probes", p) for p in settings.probe_files] + [("baseline", settings.baseline)]
-    inputs += [("episodes", p) for p in settings.episode_files if p != "builtin"]
+    inputs = [("probes", p) for p in settings.probe_files if p not in PROBE_SETS] + [("baseline", settings.baseline)]
+    inputs += [("episodes", p) for p in settings.episode_files if p not in EPISODE_SETS]
     for i, (output, path) in enumerate(outputs):
         for other, other_path in outputs[i + 1:] + inputs:
             if path and other_path and _same_file(path, other_path):

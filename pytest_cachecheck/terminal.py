@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import __version__
-from .model import STILL_SAME, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict, shown
+from .model import (STILL_SAME, CheckTally, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict,
+                    shown)
 from .redact import display_url
 from .session import CheckSession
 from .settings import reproduce_args
@@ -48,6 +49,27 @@ def rate_line(t: Tally) -> Optional[str]:
     lo, hi = rate.ci95
     return (f"divergence rate {rate.value:.1%} (95% Wilson interval {lo:.1%} to {hi:.1%}, "
             f"{counted(t.valid, 'valid probe')})")
+
+
+def check_lines(t: Optional[CheckTally], unit: str = "probe", ids: bool = True) -> List[str]:
+    """The outcome checks: each path's accuracy, the flips each way with the exact McNemar p, (``ids``) which
+    items flipped, and the items whose check could not be evaluated. Nothing when no item had checks."""
+    if t is None:
+        return []
+    if not t.items:
+        return [f"outcome checks: no valid {unit} with checks"
+                + (f" ({counted(t.check_errors, 'check error')})" if t.check_errors else "")]
+    acc = [f"{path} path {passed}/{t.items} ({passed / t.items:.1%})"
+           for path, passed in (("cache", t.cache_passed), ("recompute", t.recompute_passed))]
+    out = [f"outcome checks: {counted(t.items, 'valid ' + unit)} with checks | accuracy: {acc[0]}, {acc[1]} | "
+           f"flips: {t.cache_fails} cache fails, {t.cache_passes} cache passes (exact McNemar p = "
+           f"{format_p(t.mcnemar_p)})"]
+    if ids and t.flipped:
+        out.append(f"flipped: {', '.join(t.flipped[:10])}" + (f" and {len(t.flipped) - 10} more" if t.flipped[10:]
+                                                             else ""))
+    if t.check_errors:
+        out.append(f"outcome checks: {counted(t.check_errors, unit)} whose check could not be evaluated")
+    return out
 
 
 # -- the header ---------------------------------------------------------------------------------------------
@@ -250,6 +272,7 @@ def _episode_lines(t: TargetReport, label: str, baseline_path: Optional[str], ve
     if s.parting_steps:
         out.append(Line(f"{label}first parting step: "
                         + ", ".join(f"step {k}: {v}" for k, v in s.parting_steps.items())))
+    out += [Line(label + line) for line in check_lines(t.check_tallies()[1], "episode")]
     probes = t.summary.tally.rate
     if probes is not None and e.rate is not None:
         out.append(Line(f"{label}side by side: two-turn probes {probes.text()}; episodes {e.rate.text()}"))
@@ -275,6 +298,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         if probes:
             out += [Line(line) for line in matrix_lines(report.targets)]
         for t in report.targets:
+            out += [Line(f"{t.name}: {line}") for line in check_lines(t.check_tallies()[0])]
             out += _target_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _episode_lines(t, f"{t.name}: ", baseline_path, verbose)
     else:
@@ -287,6 +311,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             rate = rate_line(tally)
             if rate:
                 out.append(Line(rate))
+            out += [Line(line, {"red": "flipped: " in line}) for line in check_lines(t.check_tallies()[0])]
         out += _target_lines(t, "", baseline_path, verbose)
         out += _episode_lines(t, "", baseline_path, verbose)
     if total or not verdict.ok:  # an interrupted run says so even before its first probe
@@ -303,6 +328,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
                 continue
             for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set):
                 out.append(Line(prefix + line))
+            out += [Line(prefix + line) for line in check_lines(t.check_tallies()[0], ids=False)]
             if ran_episodes and t.episode_summary is not None and report.episode_set is not None:
                 e, es = t.episode_summary.tally, report.episode_set
                 out.append(Line(prefix + f"episode set {es.name} ({es.fingerprint[:19]}) | episodes {e.probes} | valid "
@@ -311,6 +337,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
                 rate = trajectory_rate_line(e)
                 if rate:
                     out.append(Line(prefix + rate))
+                out += [Line(prefix + line) for line in check_lines(t.check_tallies()[1], "episode", ids=False)]
     if any((t.served or {}).get("demo") for t in report.targets):
         out.append(Line("cachecheck: that was the demo (random weights: its divergences say nothing "
                         "about real models); measure your own server with: "

@@ -131,3 +131,118 @@ def test_both_caches_off_control(llama_binary: str, tmp_path: Path) -> None:
         assert tool_steps(e)
         assert all(st["cached_tokens"] == 0 for p in e["paths"] for st in p["steps"])  # no cache anywhere
     assert run.ret == 0
+
+
+# -- outcome checks: the task sets on the tools model, flips counted again here from the raw answers --------
+def _first_number(text: str) -> Any:
+    import re
+
+    found = re.search(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?", text)
+    return float(found.group()) if found else None
+
+
+def _passes(spec: Any, text: str, calls: List[Any]) -> bool:
+    """The meaning of the task sets' checks, written out again from the README (not the plugin's code)."""
+    import re
+
+    def one(kind: str, arg: Any) -> bool:
+        if kind == "contains":
+            return arg in text
+        if kind == "not_contains":
+            return arg not in text
+        if kind == "regex":
+            return re.search(arg, text) is not None
+        if kind == "equals":
+            return text.split() == arg.split()
+        if kind == "number":
+            n = _first_number(text)
+            return n is not None and abs(n - arg["value"]) <= arg.get("tolerance", 0)
+        if kind == "one_of":
+            return text.strip() in arg
+        if kind == "json":
+            body = text.strip()
+            if body.startswith("```") and body.endswith("```") and "\n" in body:
+                body = body[body.index("\n") + 1:-3].strip()
+            try:
+                value = json.loads(body)
+            except ValueError:
+                return False
+            return arg is True or (isinstance(value, dict) and all(k in value for k in arg["required_keys"]))
+        assert kind == "tool_called", kind
+        for step, name, args in calls:
+            if name != arg["name"] or arg.get("step", step) != step:
+                continue
+            try:
+                given = json.loads(args)
+            except ValueError:
+                continue
+            if isinstance(given, dict) and all(given.get(k, object()) == v for k, v in arg.get("arguments", {}).items()):
+                return True
+        return False
+
+    return all(one(k, v) for group in (spec if isinstance(spec, list) else [spec]) for k, v in group.items())
+
+
+def _recount(records: List[Dict[str, Any]], specs: Dict[str, Any], answer: Any) -> Dict[str, Any]:
+    n = {"items": 0, "cache_passed": 0, "recompute_passed": 0, "cache_fails": 0, "cache_passes": 0, "flipped": []}
+    for r in records:
+        if r["outcome"] not in ("same", "different"):
+            continue
+        cache, recompute = (_passes(specs[r["id"]], *answer(r, path)) for path in ("cache", "recompute"))
+        n["items"] += 1
+        n["cache_passed"] += cache
+        n["recompute_passed"] += recompute
+        n["cache_fails"] += recompute and not cache
+        n["cache_passes"] += cache and not recompute
+        if cache != recompute:
+            n["flipped"].append(r["id"])
+    return n
+
+
+def _probe_answer(r: Dict[str, Any], path: str) -> Any:
+    return r["answers"][path][0], []
+
+
+def _episode_answer(r: Dict[str, Any], path: str) -> Any:
+    steps = next(p for p in r["paths"] if p["path"] == f"{path}-1")["steps"]
+    return (steps[-1]["content"] if steps else "",
+            [(s["step"], c["name"], c["arguments"]) for s in steps for c in s["tool_calls"]])
+
+
+def test_task_sets_flips_counted_again(llama_binary: str, tmp_path: Path) -> None:
+    """``--cachecheck-probes tasks --cachecheck-episodes tasks`` on the tools model at Q4_0 (the first four task
+    probes, which the tools model answers in text no check passes; the six episodes take most of the 13 to 16
+    minutes this ran on 2 shared cores): the report's accuracies and flips (probes and episodes) equal a count made here from
+    the raw per-path answers, every flipped item diverged and failed with the flip first, and the exact McNemar
+    p is the one of its flips."""
+    from pytest_cachecheck.stats import mcnemar_exact
+
+    data = Path(__file__).resolve().parents[1] / "pytest_cachecheck" / "data"
+    specs = {}
+    for name in ("tasks_probes.jsonl", "tasks_episodes.jsonl"):
+        for line in (data / name).read_text().splitlines():
+            record = json.loads(line)
+            specs[record["id"]] = record["expect"]
+    with serving(llama_binary, "q4_0") as (srv,):
+        run = run_plugin(tmp_path, f"--cachecheck-url={srv.url}", "--cachecheck-probes=tasks",
+                         "--cachecheck-n=4", "--cachecheck-episodes=tasks", "--cachecheck-max-tokens=48")
+    d = run.data
+    assert d["probe_set"]["name"] == "tasks" and len(d["probes"]) == 4 and len(d["episodes"]) == 6, run.out[-3000:]
+    assert not [r for r in d["probes"] + d["episodes"] if r["outcome"] == "error"], run.out[-3000:]
+    for key, records, answer in (("check_summary", d["probes"], _probe_answer),
+                                 ("episode_check_summary", d["episodes"], _episode_answer)):
+        mine = _recount(records, specs, answer)
+        theirs = d[key]
+        assert {k: theirs[k] for k in mine} == mine, (key, theirs, mine)
+        assert theirs["mcnemar_p"] == mcnemar_exact(mine["cache_fails"], mine["cache_passes"])
+        assert all(r["outcome"] == "different" for r in records if r["id"] in mine["flipped"])  # a flip diverged
+        for r in records:
+            if r["id"] in mine["flipped"]:
+                assert "outcome flipped: the " in run.out and r["check_results"]["flip"], r["id"]
+        print(f"\nMEASURED {key} tasks, tools model q4_0: {mine['items']} valid with checks; accuracy cache "
+              f"{mine['cache_passed']}/{mine['items']}, recompute {mine['recompute_passed']}/{mine['items']}; flips "
+              f"{mine['cache_fails']} cache fails, {mine['cache_passes']} cache passes {mine['flipped']}; "
+              f"divergent {sum(r['outcome'] == 'different' for r in records)}; inconclusive "
+              f"{sum(r['outcome'] == 'inconclusive' for r in records)}; {run.seconds:.0f} s")
+    episode_calls = sum(len(s["tool_calls"]) for e in d["episodes"] for p in e["paths"] for s in p["steps"])
+    assert episode_calls >= 4 * len(d["episodes"])  # real tool calls, which the tool_called checks read

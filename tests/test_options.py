@@ -90,6 +90,8 @@ RULE_CASES: List[Dict[str, Any]] = [
     {"url": [URL], "record": "rec.json", "report": "out.json"},
     {"url": [URL], "record": "rec.json", "baseline": "base.json"},
     {"url": [URL], "record": "rec.json", "max_rate": "0.1"},
+    {"url": [URL], "record": "rec.json", "max_flip_rate": "0.1"},
+    {"url": [URL], "max_flip_rate": "0.1", "gate_on": "divergence"},
 ]
 
 

@@ -502,7 +502,8 @@ class TestRecordRules:
         err = record_error(tmp_path, dict(SHORT, temperature=0), line=3)
         assert str(err) == (
             f"{err.path}:3: field 'temperature': unknown field; "
-            "allowed fields are 'id', 'turn1', 'turn2' or 'id', 'messages', 'followup'"
+            "allowed fields are 'id', 'turn1', 'turn2' or 'id', 'messages', 'followup', and 'expect' "
+            "(outcome checks) in either form"
         )
         assert (err.line, err.field) == (3, "temperature")
 
