@@ -26,26 +26,27 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
+def _rate_gate(hits: int, total: int, limit: float, what: str, flag: str, nothing: str) -> Gate:
+    """A rate gate: fail when hits / total exceeds ``limit`` (``nothing``: why it passes with no total)."""
+    if not total:
+        return False, nothing
+    rate = hits / total
+    if rate > limit:
+        return True, f"{what} {rate:.1%} ({hits} of {total}) exceeds {flag} {limit:g}"
+    return False, f"{what} {rate:.1%} is within {flag} {limit:g}"
+
+
 def max_rate_gate(t: Tally, max_rate: float, what: str = "divergence rate", unit: str = "probe") -> Gate:
     """--cachecheck-max-rate: fail when different / valid exceeds max_rate."""
-    if not t.valid:
-        return False, f"no valid {unit} to measure a rate on"
-    rate = t.different / t.valid
-    if rate > max_rate:
-        return True, (f"{what} {rate:.1%} ({t.different} of {t.valid}) exceeds "
-                      f"--cachecheck-max-rate {max_rate:g}")
-    return False, f"{what} {rate:.1%} is within --cachecheck-max-rate {max_rate:g}"
+    return _rate_gate(t.different, t.valid, max_rate, what, "--cachecheck-max-rate",
+                      f"no valid {unit} to measure a rate on")
 
 
 def max_flip_rate_gate(t: Optional[CheckTally], max_rate: float, unit: str = "probe") -> Gate:
     """--cachecheck-max-flip-rate: fail when flips / valid items with checks exceeds max_rate."""
-    if t is None or not t.items:
-        return False, f"no valid {unit} with checks to measure a flip rate on"
-    rate = t.flips / t.items
-    if rate > max_rate:
-        return True, (f"{unit} flip rate {rate:.1%} ({t.flips} of {t.items}) exceeds --cachecheck-max-flip-rate "
-                      f"{max_rate:g}")
-    return False, f"{unit} flip rate {rate:.1%} is within --cachecheck-max-flip-rate {max_rate:g}"
+    return _rate_gate(t.flips if t is not None else 0, t.items if t is not None else 0, max_rate,
+                      f"{unit} flip rate", "--cachecheck-max-flip-rate",
+                      f"no valid {unit} with checks to measure a flip rate on")
 
 
 def flips_gate(probes: Optional[CheckTally], episodes: Optional[CheckTally], divergences: int) -> Gate:
