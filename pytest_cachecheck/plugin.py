@@ -135,7 +135,7 @@ def _json_report_file(config: pytest.Config) -> Optional[str]:
     return str(Path(config.invocation_params.dir) / path)
 
 
-def _start_served(model: str, server_args: Optional[str]) -> Served:
+def _start_served(model: str, server_args: Optional[str], tools: bool) -> Served:
     def log(message: str) -> None:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
@@ -144,7 +144,7 @@ def _start_served(model: str, server_args: Optional[str]) -> Served:
     from .serve import start
 
     try:
-        return start(model, server_args, log)
+        return start(model, server_args, log, tools=tools)
     except (LlamaServerError, OSError, subprocess.CalledProcessError) as exc:
         raise ConfigError(f"--cachecheck-serve could not start llama-server: {exc}") from None
 

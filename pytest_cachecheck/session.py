@@ -117,7 +117,7 @@ class CheckSession:
 
 
 def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Handoff"] = None,
-                 start_server: Optional[Callable[[str, Optional[str]], "Served"]] = None,
+                 start_server: Optional[Callable[[str, Optional[str], bool], "Served"]] = None,
                  own_replica: Callable[[Settings], Settings] = lambda s: s,
                  other_outputs: Optional[Mapping[str, Optional[str]]] = None,
                  server_kinds: Callable[[], Iterable[Any]] = tuple) -> Optional[CheckSession]:
@@ -125,7 +125,8 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Hand
     no server is given (the plugin stays off). ``handoff``: on an xdist worker, what its controller read and
     started (the probes, episodes, the baseline's known divergences, the served server), used instead of the
     files (a worker may not be able to read them again: a pipe is the controller's); ``start_server``: how
-    the controller starts ``--cachecheck-serve``'s server, once all else is valid; ``own_replica``: the
+    the controller starts ``--cachecheck-serve``'s server, once all else is valid (told whether an episode
+    calls tools: the demo then serves its tool-call model); ``own_replica``: the
     replica this process measures on; ``other_outputs``: files other plugins write, by option (no output may
     be another's file); ``server_kinds``: calls the ``pytest_cachecheck_server_kinds`` hook (when the servers
     are detected, so that a plugin registered after this session still counts). Raises ConfigError."""
@@ -167,7 +168,7 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Hand
     served = None
     if serving and start_server is not None:
         assert settings.serve is not None
-        served = start_server(settings.serve, settings.server_args)
+        served = start_server(settings.serve, settings.server_args, any(e.tools for e in episodes or ()))
         settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))
     session = CheckSession(settings, probes, probe_set, baselines, served, episodes, server_kinds)
     session.known_different = handoff.known_different if handoff is not None else None

@@ -86,13 +86,23 @@ def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[
                      + ", ".join(f"{n} ({display_url(u)})" for n, u in s.targets))
     if session.served is not None:
         served = session.served
-        what = ("the demo model: tiny, RANDOM weights generated on this machine, so its answers are word "
-                "salad; the prompt cache it exercises is real" if served.demo else served.model.name)
+        if served.tools:
+            what = (f"the tool-call demo model ({served.model.name}, with Qwen2.5's chat template, as the "
+                    "episodes call tools): tiny, RANDOM weights generated on this machine, shaped to make "
+                    "real tool calls to the built-in episodes' tools; without tools it answers with "
+                    "<tool_call> markers over and over, so its probes and plain episodes show little; the "
+                    "prompt cache it exercises is real")
+        elif served.demo:
+            what = (f"the demo model ({served.model.name}): tiny, RANDOM weights generated on this machine, "
+                    "so its answers are word salad; the prompt cache it exercises is real")
+        else:
+            what = served.model.name
         lines.append(f"cachecheck: serving {what}")
         if served.demo:
             lines.append("cachecheck: expect the demo to end red: on random weights the cache path and the "
-                         "recompute path part ways on some probes (failed items, verdict FAIL); that is the "
-                         "measurement working, not a fault of your setup")
+                         f"recompute path part ways on some {'episodes' if served.tools else 'probes'} "
+                         "(failed items, verdict FAIL); that is the measurement working, not a fault of your "
+                         "setup")
         lines.append(f"cachecheck: llama-server at {served.server.url}, log {served.server.log_path}")
     tolerances = set()
     for name, runner in session.runners.items():

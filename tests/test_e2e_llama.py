@@ -181,9 +181,10 @@ def test_baseline_on_real_runs(plugin_run, llama_servers):
 
 def test_serve_demo(plugin_run, llama_binary):
     run = plugin_run("--cachecheck-serve=demo", "--cachecheck-n=2")
-    assert "cachecheck: serving the demo model: tiny, RANDOM weights" in run.out
+    assert "cachecheck: serving the demo model (demo-f32-v1.gguf): tiny, RANDOM weights" in run.out
     assert "cachecheck: mode llama.cpp (auto-detected)" in run.out
     assert run.data["served"]["demo"] is True and run.data["served"]["log_tail"]
+    assert run.data["served"]["tools"] is False and "--jinja" not in run.data["served"]["command"]
     assert sum(run.counts().get(k, 0) for k in ("same", "different")) == 2
     assert run.ret in (0, 1)
 

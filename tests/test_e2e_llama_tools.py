@@ -248,3 +248,36 @@ def test_task_sets_flips_counted_again(llama_binary: str, tmp_path: Path) -> Non
               f"{sum(r['outcome'] == 'inconclusive' for r in records)}; {run.seconds:.0f} s")
     episode_calls = sum(len(s["tool_calls"]) for e in d["episodes"] for p in e["paths"] for s in p["steps"])
     assert episode_calls >= 4 * len(d["episodes"])  # real tool calls, which the tool_called checks read
+
+
+def test_serve_demo_with_builtin_episodes_makes_tool_calls(llama_binary: str, tmp_path: Path) -> None:
+    """``--cachecheck-serve demo`` with the built-in episodes serves the tool-call model with its template
+    (the user's --cachecheck-server-args combine with the plugin's flags): the tool episodes are measured on
+    real tool calls, not made inconclusive for the lack of them."""
+    episodes = selected()
+    run = run_plugin(tmp_path, "--cachecheck-serve=demo", "--cachecheck-episodes=builtin",
+                     "--cachecheck-server-args=-c 8192", "-k", " or ".join(episodes))
+    served = run.data["served"]
+    assert (served["model"], served["demo"], served["tools"], served["args"]) == \
+        ("tools-f32-v4.gguf", True, True, ["-c", "8192"]), served
+    command = served["command"]
+    assert command.count("--jinja") == 1 and command.count("--chat-template-file") == 1, command
+    assert command[command.index("--chat-template-file") + 1].endswith("Qwen-Qwen2.5-7B-Instruct.jinja")
+    assert command[-2:] == ["-c", "8192"], command
+    assert "cachecheck: serving the tool-call demo model (tools-f32-v4.gguf, with Qwen2.5's chat" in run.out
+    assert sorted(e["id"] for e in run.episodes) == sorted(episodes), run.out[-3000:]
+    outcomes = run.outcomes()
+    assert outcomes["same"] + outcomes["different"] == len(episodes), (dict(outcomes), run.out[-4000:])
+    calls = 0
+    for e in run.episodes:
+        for p in e["paths"]:
+            first = p["steps"][0]  # tool_choice "required": the server returned tool_calls
+            assert first["tool_calls"] and first["finish_reason"] == "tool_calls", (e["id"], p["path"], first)
+        for st in tool_steps(e):
+            assert {c["name"] for c in st["tool_calls"]} <= TOOL_EPISODES[e["id"]], (e["id"], st)
+            calls += len(st["tool_calls"])
+    s = run.data["episode_summary"]
+    assert (s["valid"], s["inconclusive"], s["errors"]) == (len(episodes), 0, 0)
+    assert run.ret == (1 if outcomes["different"] else 0), run.out[-3000:]
+    print(f"\nMEASURED --cachecheck-serve demo, tool episodes: changed {outcomes['different']} of "
+          f"{s['valid']} valid; {calls} tool calls in {run.seconds:.0f} s")

@@ -515,6 +515,30 @@ def test_serve_usage_errors_before_starting(pytester):
     result = pytester.runpytest("--cachecheck-serve=m.gguf", "--cachecheck-server-args=--port 1")
     assert result.ret == 4
     result.stderr.fnmatch_lines(["*'--port' is set by the plugin itself*"])
+    # the episodes call tools, so the demo serves its tool-call model with the chat template it needs: the
+    # template flags are the plugin's then, refused before any build or server start
+    result = pytester.runpytest("--cachecheck-serve=demo", "--cachecheck-episodes=builtin",
+                                "--cachecheck-server-args=-c 4096 --chat-template-file=mine.jinja")
+    assert result.ret == 4
+    result.stderr.fnmatch_lines(["*--cachecheck-server-args: '--chat-template-file=mine.jinja': the episodes "
+                                 "call tools, so the demo serves its tool-call model*(--jinja, --no-jinja, "
+                                 "--chat-template, --chat-template-file are not allowed here)*"])
+
+
+def test_template_flags_are_the_users_but_for_the_tool_call_demo(tmp_path):
+    from pytest_cachecheck.errors import ConfigError
+    from pytest_cachecheck.serve import check_serve_args
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    flags = "--jinja --chat-template-file t.jinja -c 4096"
+    assert check_serve_args(str(model), flags, tools=True) == ["--jinja", "--chat-template-file", "t.jinja",
+                                                               "-c", "4096"]
+    assert check_serve_args("demo", flags, tools=False)[:2] == ["--jinja", "--chat-template-file"]
+    assert check_serve_args("demo", "-c 4096", tools=True) == ["-c", "4096"]
+    for flag in ("--jinja", "--no-jinja", "--chat-template=chatml", "--chat-template-file x.jinja"):
+        with pytest.raises(ConfigError, match="the episodes call tools"):
+            check_serve_args("demo", flag, tools=True)
 
 
 def test_conftest_example_wires_a_suite(pytester, emulator):

@@ -360,6 +360,36 @@ def test_demo_says_it_ends_red_and_how_to_go_on(tmp_path):
         last.text.endswith("measure your own server with: pytest --cachecheck-url http://HOST:PORT")
 
 
+def test_demo_header_names_the_model_it_serves(tmp_path):
+    """The plain demo model, or (when the episodes call tools) the tool-call one: the header names which, and
+    the JSON report's ``served`` says so too."""
+    from pytest_cachecheck import terminal
+    from pytest_cachecheck.llama_server import LlamaServer
+    from pytest_cachecheck.probes import builtin_probes
+    from pytest_cachecheck.serve import Served
+    from pytest_cachecheck.session import CheckSession
+    from tests.support import factories as f
+
+    def header(name, tools):
+        server = LlamaServer(tmp_path / "llama-server", tmp_path / name, port=8081,
+                             log_path=tmp_path / "s.log")
+        served = Served(server, tmp_path / name, True, [], tools)
+        session = CheckSession(f.settings(serve="demo"), builtin_probes()[:1], f.PROBE_SET, {}, served)
+        return terminal.header(session, {}), served.describe()
+
+    plain, described = header("demo-f32-v1.gguf", False)
+    assert plain[0].startswith("cachecheck: serving the demo model (demo-f32-v1.gguf): tiny, RANDOM weights")
+    assert "part ways on some probes" in plain[1]
+    assert (described["model"], described["demo"], described["tools"]) == ("demo-f32-v1.gguf", True, False)
+    tools, described = header("tools-f32-v4.gguf", True)
+    assert tools[0].startswith("cachecheck: serving the tool-call demo model (tools-f32-v4.gguf, with "
+                               "Qwen2.5's chat template, as the episodes call tools): tiny, RANDOM "
+                               "weights"), tools[0]
+    assert "without tools it answers with <tool_call> markers over and over" in tools[0]
+    assert "part ways on some episodes" in tools[1]
+    assert (described["model"], described["demo"], described["tools"]) == ("tools-f32-v4.gguf", True, True)
+
+
 def test_the_example_workflow_records_then_gates(pytester, emulator):
     """The two pytest steps of examples/serving-upgrade-gate.yml, as written there, against emulated servers:
     recording a baseline that diverges passes; a candidate that newly diverges fails at the gate."""
