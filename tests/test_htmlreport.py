@@ -24,7 +24,8 @@ from pytest_cachecheck.htmlreport import EXPECTED, NEW, STYLES, passed, render_h
 from pytest_cachecheck.model import (STATUSES, VERDICTS, NEAR_TIE_NATS, Outcome, ProbeRecord, ReportError,
                                      RunReport, Status, Tally)
 from pytest_cachecheck.redact import Redactor, display_url
-from pytest_cachecheck.run import TargetInput, judge, summarise
+from pytest_cachecheck.kinds import PROBE
+from pytest_cachecheck.run import Count, KindInput, TargetInput, judge, summarise
 from tests.support import factories as f
 
 SCRIPT = "<script>alert('x')</script>"
@@ -347,7 +348,7 @@ def test_pass_or_fail_agrees_with_the_verdicts_the_session_gives() -> None:
              judge(Tally(4, 4), 0.8, unreliable="two workers"),
              judge(Tally(4, 3, 1), 0.8, gates=[(True, "x")]),
              judge(Tally(4, 3, 1), 0.8, gates=[(False, "within")]),
-             judge(Tally(4, 3, 1), 0.8, unexpected=(1, 0)),
+             judge([Count(PROBE, Tally(4, 3, 1), unexpected=1)], 0.8),
              judge(Tally(3, 3), 0.8, not_measured=["p4"])]
     unwritten = f.run([f.record("a", "same")])
     unwritten.fail(Status.UNWRITTEN, "could not write r.json")
@@ -548,8 +549,8 @@ def matrix(url_b: str = "http://gpu-b:8000/v1", warnings_b: Optional[List[str]] 
                         cache="Hello world, the answer is 42.", recompute="Hello world, the answer is 41."),
                f.record("beta-probe", "same", target="b", url=display_url(url_b))]
     inputs = [TargetInput(name, url, setups[name]) for name, url in s.targets]
-    result = summarise(s, f.PROBE_SET, ["alpha-probe", "beta-probe"], inputs, {r.key: r for r in records}, [],
-                       None, baselines or {}, False)
+    result = summarise(s, [KindInput(PROBE, f.PROBE_SET, ["alpha-probe", "beta-probe"], {r.key: r for r in records})],
+                       inputs, baselines or {}, False)
     report = result.report(1)
     report.created = "2026-12-05T00:00:00Z"
     return report

@@ -223,7 +223,8 @@ def test_run_end_grows_linearly_with_the_probes(tmp_path):
 
     from pytest_cachecheck import terminal
     from pytest_cachecheck.files import write_report
-    from pytest_cachecheck.run import TargetInput, summarise
+    from pytest_cachecheck.kinds import PROBE
+    from pytest_cachecheck.run import KindInput, TargetInput, summarise
     from tests.support.factories import PROBE_SET, baseline, record, settings, setup
 
     kinds = [record("t", "same"), record("t", "different", cache="x1", recompute="x2"),
@@ -242,8 +243,8 @@ def test_run_end_grows_linearly_with_the_probes(tmp_path):
         ids = [r.id for r in recs] + [CountedId(f"x{i}") for i in range(n // 4)]  # some not run
         s = settings(baseline="b.json", max_rate=0.5)
         base = baseline(recs[: n // 2] + records(n // 2, "q"))
-        result = summarise(s, PROBE_SET, ids, [TargetInput(None, s.url, setup())], {r.key: r for r in recs},
-                           [], ids, {None: base}, "the run was interrupted")
+        result = summarise(s, [KindInput(PROBE, PROBE_SET, ids, {r.key: r for r in recs}, [], ids)],
+                           [TargetInput(None, s.url, setup())], {None: base}, "the run was interrupted")
         report = result.report(2)
         write_report(str(tmp_path / "r.json"), report, lambda text: text)
         terminal.summary(report, result.verdict, "b.json", True)
