@@ -180,12 +180,17 @@ def test_baseline_on_real_runs(plugin_run, llama_servers):
 
 
 def test_serve_demo(plugin_run, llama_binary):
-    run = plugin_run("--cachecheck-serve=demo", "--cachecheck-n=2")
+    """Under pytest-xdist (the demo without it runs in the release check): the controller starts the server and
+    hands its URL to the workers, which measure on it."""
+    run = plugin_run("--cachecheck-serve=demo", "--cachecheck-n=2", "-n", "2")
     assert "cachecheck: serving the demo model (demo-f32-v1.gguf): tiny, RANDOM weights" in run.out
     assert "cachecheck: mode llama.cpp (auto-detected)" in run.out
     assert run.data["served"]["demo"] is True and run.data["served"]["log_tail"]
     assert run.data["served"]["tools"] is False and "--jinja" not in run.data["served"]["command"]
     assert sum(run.counts().get(k, 0) for k in ("same", "different")) == 2
+    port = run.data["served"]["command"][run.data["served"]["command"].index("--port") + 1]
+    assert {(p["server_url"], p["worker"]) for p in run.data["probes"]} in \
+        ({(f"http://127.0.0.1:{port}", w)} for w in ("gw0", "gw1")), run.data["probes"]
     assert run.ret in (0, 1)
 
 
