@@ -222,6 +222,12 @@ def test_fixture_judge_reports_the_same_way(pytester: pytest.Pytester, emulator:
     result.assert_outcomes(passed=3, deselected=1)
     checks = {c["id"]: c for c in json.loads((pytester.path / "r.json").read_text())["checks"]}
     assert checks["judged"]["check_results"]["flip"] == "cache-fails"
+    # the summary counts the tests' own measurements and their flips (each test decided its own outcome)
+    result.stdout.fnmatch_lines(["tests' own measurements (cachecheck.check(), .episode()): 4 | valid: 4 (same 0, "
+                                 "different 4) | inconclusive: 0 | errors: 0",
+                                 "outcome checks: 2 valid measurements with checks | accuracy: cache path 1/2 "
+                                 "(50.0%), recompute path 2/2 (100.0%) | flips: 1 cache fails, 0 cache passes *",
+                                 "flipped: judged", "outcome checks: 1 measurement whose check could not be evaluated"])
     assert checks["broken"]["check_results"]["cache"]["passed"] is None  # an error of the check, kept
     assert checks["broken"]["check_results"]["flip"] is None
     assert checks["declared"]["check_results"]["checks"] == ["regex '[a-z]'"]
