@@ -120,15 +120,15 @@ def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
     total = t + episodes if episodes is not None else t
     items = "probes" if episodes is None else "probes and episodes"
     if unreliable:
-        return Verdict(Status.UNRELIABLE, False, unreliable)
+        return Verdict(status=Status.UNRELIABLE, ok=False, why=unreliable)
     if interrupted:
-        return Verdict(Status.INTERRUPTED, False, interrupted if isinstance(interrupted, str) else
+        return Verdict(status=Status.INTERRUPTED, ok=False, why=interrupted if isinstance(interrupted, str) else
                        "the run was interrupted; the report holds what was measured")
     if total.probes == 0 and not not_measured and not check_errors:
-        return Verdict(Status.NO_PROBES, True, "no probe ran")
+        return Verdict(status=Status.NO_PROBES, ok=True, why="no probe ran")
     failing = [why for fail, why in gates or () if fail]
     if failing:
-        return Verdict(Status.GATE_FAILED, False, "; ".join(failing))
+        return Verdict(status=Status.GATE_FAILED, ok=False, why="; ".join(failing))
     if any(unexpected):
         why = []
         for n, flipped, unit, what in ((unexpected[0], flips[0], "valid probe", "gave a different turn-2 answer"),
@@ -139,32 +139,32 @@ def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
                 whose = "its" if flipped == 1 else "their"
                 why.append(f"{counted(n, unit)} {what}" + (f" ({flipped} flipped the outcome of {whose} checks)"
                                                            if flipped else ""))
-        return Verdict(Status.DIVERGED, False, "; ".join(why))
+        return Verdict(status=Status.DIVERGED, ok=False, why="; ".join(why))
     if total.errors or check_errors:
         what = "probe" if episodes is None else "probe or episode"
         why = [f"{counted(total.errors, what)} failed with a request or server error"] if total.errors else []
         if check_errors:
             why.append(f"{counted(check_errors, 'check of a test', 'checks of tests')} (cachecheck.check() or "
                        f".episode()) failed with a request or server error")
-        return Verdict(Status.ERRORS, False, "; ".join(why))
+        return Verdict(status=Status.ERRORS, ok=False, why="; ".join(why))
     if not_measured:
         shown = ", ".join(not_measured[:5]) + (f" and {len(not_measured) - 5} more" if not_measured[5:] else "")
-        return Verdict(Status.NOT_MEASURED, False,
+        return Verdict(status=Status.NOT_MEASURED, ok=False, why=
                        f"{counted(len(not_measured), 'selected probe or episode', 'selected probes or episodes')} "
                        f"ended without a measurement ({shown}): cut by a timeout, a crash, -x/--maxfail or "
                        f"another plugin; a probe that was not measured is never a pass")
     if total.valid == 0:
         unit = "probe" if episodes is None else "probe or episode"
-        return Verdict(Status.TOO_FEW_VALID, False,
+        return Verdict(status=Status.TOO_FEW_VALID, ok=False, why=
                        f"no {unit} was valid (of {counted(total.probes, unit)}), so nothing was measured; "
                        f"see the inconclusive reasons")
     if total.valid < min_valid * total.probes:
-        return Verdict(Status.TOO_FEW_VALID, False,
+        return Verdict(status=Status.TOO_FEW_VALID, ok=False, why=
                        f"only {total.valid} of {total.probes} {items} were valid, fewer than --cachecheck-min-valid "
                        f"{min_valid:g} requires; see the inconclusive reasons")
     if gates:
-        return Verdict(Status.PASSED, True, "; ".join(why for _, why in gates))
-    return Verdict(Status.PASSED, True, "no valid probe differed" + (
+        return Verdict(status=Status.PASSED, ok=True, why="; ".join(why for _, why in gates))
+    return Verdict(status=Status.PASSED, ok=True, why="no valid probe differed" + (
         "" if episodes is None else " and no valid episode changed trajectory"))
 
 
@@ -175,11 +175,11 @@ def combine_verdicts(named: Sequence[Tuple[str, Verdict]]) -> Verdict:
     if not failing:
         ran = [(name, v) for name, v in named if v.status != Status.NO_PROBES]
         if not ran:
-            return Verdict(Status.NO_PROBES, True, "no probe ran")
-        return Verdict(Status.PASSED, True, "; ".join(f"{name}: {v.why}" for name, v in ran))
+            return Verdict(status=Status.NO_PROBES, ok=True, why="no probe ran")
+        return Verdict(status=Status.PASSED, ok=True, why="; ".join(f"{name}: {v.why}" for name, v in ran))
     if all(v.status == Status.INTERRUPTED for _, v in failing):
         return failing[0][1]
-    return Verdict(failing[0][1].status, False, "; ".join(f"{name}: {v.why}" for name, v in failing))
+    return Verdict(status=failing[0][1].status, ok=False, why="; ".join(f"{name}: {v.why}" for name, v in failing))
 
 
 def placement_problem(records: Sequence[Union[ProbeRecord, EpisodeRecord]], target: Optional[str] = None
@@ -269,11 +269,11 @@ class TargetResult:
 
     def report(self, exit_status: Optional[int]) -> TargetReport:
         done = {r.id for r in self.records}
-        summary = Summary(self.tally, self.verdict.status, self.verdict.why, exit_status,
-                          [pid for pid in self.selected if pid not in done],
-                          recompute_reuse_cause(self.records, self.setup.mode))
-        out = TargetReport(self.name, display_url(self.input.url) if self.name is not None else None, self.setup,
-                           summary, list(self.records), self.input.served, self.comparison)
+        summary = Summary(tally=self.tally, status=self.verdict.status, why=self.verdict.why, exit_status=exit_status,
+                          not_run=[pid for pid in self.selected if pid not in done],
+                          recompute_reuse_cause=recompute_reuse_cause(self.records, self.setup.mode))
+        out = TargetReport(name=self.name, url=display_url(self.input.url), setup=self.setup, served=self.input.served,
+                           summary=summary, probes=list(self.records), baseline=self.comparison)
         if self.episodes is not None:
             e = self.episodes
             ran = {r.id for r in e.records}
@@ -305,7 +305,8 @@ class RunResult:
         targets = [] if self.matrix else self.targets
         for holder in [self, *targets]:
             v = holder.verdict
-            holder.verdict = Verdict(status, False, why) if v.ok else Verdict(v.status, False, f"{v.why}; {why}")
+            holder.verdict = (Verdict(status=status, ok=False, why=why) if v.ok
+                              else Verdict(status=v.status, ok=False, why=f"{v.why}; {why}"))
 
     def report(self, exit_status: Optional[int]) -> RunReport:
         created = now()
@@ -313,8 +314,9 @@ class RunResult:
         episode_checks = list(self.episode_checks)
         if not self.matrix:
             t = self.targets[0].report(exit_status)
-            return RunReport(self.settings.public(), self.probe_set, [t], t.summary, created, list(self.checks),
-                             episode_set=episode_set, episode_checks=episode_checks)
+            return RunReport(created=created, settings=self.settings.public(), probe_set=self.probe_set,
+                             summary=t.summary, targets=[t], checks=list(self.checks), episode_set=episode_set,
+                             episode_checks=episode_checks)
         targets = [t.report(None) for t in self.targets]
         first = self.targets[0]
         for result, target in zip(self.targets[1:], targets[1:]):
@@ -329,11 +331,12 @@ class RunResult:
         total = Tally()
         for result in self.targets:
             total = total + result.tally
-        summary = Summary(total, self.verdict.status, self.verdict.why, exit_status,
-                          [record_key(pid, t.name) for t, r in zip(self.targets, targets) for pid in r.summary.not_run],
-                          None, per_target=True)
-        return RunReport(self.settings.public(), self.probe_set, targets, summary, created, list(self.checks),
-                         matrix=True, episode_set=episode_set, episode_checks=episode_checks)
+        summary = Summary(tally=total, status=self.verdict.status, why=self.verdict.why, exit_status=exit_status,
+                          not_run=[record_key(pid, t.name) for t, r in zip(self.targets, targets)
+                                   for pid in r.summary.not_run], per_target=True)
+        return RunReport(created=created, settings=self.settings.public(), probe_set=self.probe_set, summary=summary,
+                         targets=targets, checks=list(self.checks), episode_set=episode_set,
+                         episode_checks=episode_checks)
 
     def _env(self, t: TargetResult, sample: Optional[ProbeSet] = None) -> Mapping[str, object]:
         return env_of(self.settings.public(), t.setup, sample or self.probe_set)
@@ -362,7 +365,7 @@ def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str],
         mine = [records[k] for _, k in keys if k in records]
         picked = [pid for pid, k in keys if chosen is None or k in chosen]
         setup = next((r.run for r in mine if r.run is not None), None) or target.setup \
-            or Setup(None, None)
+            or Setup(mode=None, server=None)
         tally = Tally.of(mine)
         gates: List[Gate] = []
         if settings.max_rate is not None:
