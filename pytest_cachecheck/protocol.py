@@ -125,7 +125,8 @@ class Runner:
     def run(self, probe: Probe) -> ProbeRecord:
         """Measure one probe. Request failures give outcome 'error', never a divergence."""
         start = time.monotonic()
-        record = ProbeRecord(probe.id, probe.source, probe.fingerprint, Outcome.ERROR)
+        record = ProbeRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint,
+                             outcome=Outcome.ERROR)
         replies: Dict[str, Reply] = {}
         try:
             setup = self.prepare()
@@ -187,8 +188,9 @@ class Runner:
         for run in (1, 2):
             t1, t2 = replies[f"cache-{run}/turn-1"], replies[f"cache-{run}/turn-2"]
             assert t1.prompt_tokens is not None and t1.completion_tokens is not None
-            hits.append(HitCheck(run, t2.cached_tokens, t1.prompt_tokens, t1.completion_tokens, rules.need(t1),
-                                 rules.full(t1)))
+            hits.append(HitCheck(run=run, cached_tokens=t2.cached_tokens, turn1_prompt_tokens=t1.prompt_tokens,
+                                 turn1_answer_tokens=t1.completion_tokens, expected_at_least=rules.need(t1),
+                                 full_reuse=rules.full(t1)))
             hit = rules.hit(f"cache run {run}: turn-2 cache hit", t2.cached_tokens, t1, "turn-1",
                             "the turn-1 prompt")
             if hit is not None:
@@ -204,7 +206,8 @@ class Runner:
         reuse = [p for run in (1, 2) for p in [rules.no_reuse(f"recompute run {run}",
                                                               replies[f"recompute-{run}/turn-2"].cached_tokens)] if p]
         problems += reuse
-        record.checks = Checks(rules.tolerance, s.skip_hit_check, hits, bool(reuse))
+        record.checks = Checks(hit_tolerance=rules.tolerance, skip_hit_check=s.skip_hit_check, cache_hits=hits,
+                               recompute_reused=bool(reuse))
         if problems:
             record.outcome, record.reason = Outcome.INCONCLUSIVE, inconclusive(problems)
             return
@@ -215,7 +218,8 @@ class Runner:
             record.outcome = Outcome.SAME
             return
         record.outcome = Outcome.DIFFERENT
-        divergence = Divergence(at, None, excerpt(cache.content, at), excerpt(recompute.content, at))
+        divergence = Divergence(char=at, token=None, cache_excerpt=excerpt(cache.content, at),
+                                recompute_excerpt=excerpt(recompute.content, at))
         parted = _token_parting(cache.logprobs, recompute.logprobs)
         if parted is not None:
             divergence.token, (divergence.cache_token, _, divergence.cache_margin), \

@@ -73,7 +73,7 @@ class Reporter:
     def gate_verdict(self) -> Verdict:
         """The session verdict on the results so far (a selected probe or episode without a result fails it)."""
         verdict = self._summarise(False).verdict
-        return Verdict(verdict.status, verdict.ok, self.session.redactor.scrub(verdict.why))
+        return Verdict(status=verdict.status, ok=verdict.ok, why=self.session.redactor.scrub(verdict.why))
 
     def _summarise(self, interrupted: Any) -> RunResult:
         s = self.session

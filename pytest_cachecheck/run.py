@@ -134,15 +134,15 @@ def judge(counts: Union[Tally, Sequence[Count]], min_valid: float, interrupted: 
     for c in counts:
         total = total + c.tally
     if unreliable:
-        return Verdict(Status.UNRELIABLE, False, unreliable)
+        return Verdict(status=Status.UNRELIABLE, ok=False, why=unreliable)
     if interrupted:
-        return Verdict(Status.INTERRUPTED, False, interrupted if isinstance(interrupted, str) else
+        return Verdict(status=Status.INTERRUPTED, ok=False, why=interrupted if isinstance(interrupted, str) else
                        "the run was interrupted; the report holds what was measured")
     if total.probes == 0 and not not_measured and not check_errors:
-        return Verdict(Status.NO_PROBES, True, "no probe ran")
+        return Verdict(status=Status.NO_PROBES, ok=True, why="no probe ran")
     failing = [why for fail, why in gates or () if fail]
     if failing:
-        return Verdict(Status.GATE_FAILED, False, "; ".join(failing))
+        return Verdict(status=Status.GATE_FAILED, ok=False, why="; ".join(failing))
     if any(c.unexpected for c in counts):
         why = []
         for c in counts:
@@ -153,13 +153,13 @@ def judge(counts: Union[Tally, Sequence[Count]], min_valid: float, interrupted: 
                 whose = "its" if flipped == 1 else "their"
                 why.append(f"{counted(n, unit)} {c.kind.differed}" + (
                     f" ({flipped} flipped the outcome of {whose} checks)" if flipped else ""))
-        return Verdict(Status.DIVERGED, False, "; ".join(why))
+        return Verdict(status=Status.DIVERGED, ok=False, why="; ".join(why))
     if total.errors or check_errors:
         why = [f"{counted(total.errors, any_of(kinds))} failed with a request or server error"] if total.errors else []
         if check_errors:
             why.append(f"{counted(check_errors, 'check of a test', 'checks of tests')} (cachecheck.check() or "
                        f".episode()) failed with a request or server error")
-        return Verdict(Status.ERRORS, False, "; ".join(why))
+        return Verdict(status=Status.ERRORS, ok=False, why="; ".join(why))
     if not_measured:
         shown = ", ".join(not_measured[:5]) + (f" and {len(not_measured) - 5} more" if not_measured[5:] else "")
         return Verdict(Status.NOT_MEASURED, False,
@@ -176,8 +176,8 @@ def judge(counts: Union[Tally, Sequence[Count]], min_valid: float, interrupted: 
                        f"only {total.valid} of {total.probes} {all_of(kinds)} were valid, fewer than "
                        f"--cachecheck-min-valid {min_valid:g} requires; see the inconclusive reasons")
     if gates:
-        return Verdict(Status.PASSED, True, "; ".join(why for _, why in gates))
-    return Verdict(Status.PASSED, True, " and ".join(k.none_differed for k in kinds))
+        return Verdict(status=Status.PASSED, ok=True, why="; ".join(why for _, why in gates))
+    return Verdict(status=Status.PASSED, ok=True, why=" and ".join(k.none_differed for k in kinds))
 
 
 def combine_verdicts(named: Sequence[Tuple[str, Verdict]]) -> Verdict:
@@ -187,8 +187,8 @@ def combine_verdicts(named: Sequence[Tuple[str, Verdict]]) -> Verdict:
     if not failing:
         ran = [(name, v) for name, v in named if v.status != Status.NO_PROBES]
         if not ran:
-            return Verdict(Status.NO_PROBES, True, "no probe ran")
-        return Verdict(Status.PASSED, True, "; ".join(f"{name}: {v.why}" for name, v in ran))
+            return Verdict(status=Status.NO_PROBES, ok=True, why="no probe ran")
+        return Verdict(status=Status.PASSED, ok=True, why="; ".join(f"{name}: {v.why}" for name, v in ran))
     if all(v.status == Status.INTERRUPTED for _, v in failing):
         return failing[0][1]
     return Verdict(failing[0][1].status, False, "; ".join(f"{name}: {v.why}" for name, v in failing))
@@ -299,10 +299,11 @@ class TargetResult:
 
     def report(self, exit_status: Optional[int]) -> TargetReport:
         p = self.probes
-        summary = Summary(p.tally, self.verdict.status, self.verdict.why, exit_status, p.not_run,
-                          recompute_reuse_cause(p.records, self.setup.mode))  # type: ignore[arg-type]
-        out = TargetReport(self.name, display_url(self.input.url) if self.name is not None else None, self.setup,
-                           summary, list(p.records), self.input.served, p.comparison)  # type: ignore[arg-type]
+        summary = Summary(tally=p.tally, status=self.verdict.status, why=self.verdict.why, exit_status=exit_status,
+                          not_run=p.not_run,
+                          recompute_reuse_cause=recompute_reuse_cause(p.records, self.setup.mode))  # type: ignore[arg-type]
+        out = TargetReport(name=self.name, url=display_url(self.input.url), setup=self.setup, served=self.input.served,
+                           summary=summary, probes=list(p.records), baseline=p.comparison)  # type: ignore[arg-type]
         e = self.episodes
         if e is not None:
             out.episodes = list(e.records)  # type: ignore[arg-type]
@@ -348,8 +349,9 @@ class RunResult:
         episode_checks = list(episodes.checks) if episodes is not None else []
         if not self.matrix:
             t = self.targets[0].report(exit_status)
-            return RunReport(self.settings.public(), self.probe_set, [t], t.summary, created, checks,
-                             episode_set=episode_set, episode_checks=episode_checks)  # type: ignore[arg-type]
+            return RunReport(created=created, settings=self.settings.public(), probe_set=self.probe_set,
+                             summary=t.summary, targets=[t], checks=checks, episode_set=episode_set,
+                             episode_checks=episode_checks)  # type: ignore[arg-type]
         targets = [t.report(None) for t in self.targets]
         first = self.targets[0]
         for result, target in zip(self.targets[1:], targets[1:]):
@@ -365,11 +367,12 @@ class RunResult:
         total = Tally()
         for result in self.targets:
             total = total + result.probes.tally
-        summary = Summary(total, self.verdict.status, self.verdict.why, exit_status,
-                          [record_key(pid, t.name) for t, r in zip(self.targets, targets) for pid in r.summary.not_run],
-                          None, per_target=True)
-        return RunReport(self.settings.public(), self.probe_set, targets, summary, created, checks,
-                         matrix=True, episode_set=episode_set, episode_checks=episode_checks)  # type: ignore[arg-type]
+        summary = Summary(tally=total, status=self.verdict.status, why=self.verdict.why, exit_status=exit_status,
+                          not_run=[record_key(pid, t.name) for t, r in zip(self.targets, targets)
+                                   for pid in r.summary.not_run], per_target=True)
+        return RunReport(created=created, settings=self.settings.public(), probe_set=self.probe_set, summary=summary,
+                         targets=targets, checks=checks, episode_set=episode_set,
+                         episode_checks=episode_checks)  # type: ignore[arg-type]
 
     def _env(self, t: TargetResult, sample: Optional[ProbeSet] = None) -> Mapping[str, object]:
         return env_of(self.settings.public(), t.setup, sample or self.probe_set)
@@ -385,7 +388,7 @@ def _baseline_of(baseline: Optional[Baseline], kind: Kind) -> Optional[Baseline]
     if baseline is None or kind == PROBE:
         return baseline
     if kind == EPISODE and baseline.episodes is not None:
-        return Baseline(baseline.episodes, baseline.episode_env, baseline.created)
+        return Baseline(records=baseline.episodes, env=baseline.episode_env, created=baseline.created)
     return None
 
 
@@ -406,7 +409,7 @@ def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence
             keys[i.kind.name] = [(id_, record_key(id_, target.name)) for id_ in i.ids]
             mine[i.kind.name] = [i.records[k] for _, k in keys[i.kind.name] if k in i.records]
         runs = [next((r.run for r in mine[i.kind.name] if r.run is not None), None) for i in kind_inputs]
-        setup = runs[0] or target.setup or Setup(None, None)
+        setup = runs[0] or target.setup or Setup(mode=None, server=None)
         if setup.mode is None:
             setup = next((r for r in runs[1:] if r is not None), setup)
         gates: List[Gate] = []
@@ -425,8 +428,8 @@ def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence
                 comparison = compare(base, records, env_of(settings.public(), setup, i.item_set), unit=k.name)
                 gates.append(should_fail(comparison, settings.fail_on, unit=k.name,
                                          unexpected=[r.id for r in records if _unexpected(r)]))
-            kinds[k.name] = KindResult(k, records, [id_ for id_, key in keys[k.name] if chosen is None or key in chosen],
-                                       tally, comparison)
+            kinds[k.name] = KindResult(kind=k, records=records, tally=tally, comparison=comparison,
+                                       selected=[id_ for id_, key in keys[k.name] if chosen is None or key in chosen])
             not_measured += [key for _, key in keys[k.name] if key not in i.records and (chosen is None or key in chosen)]
         results_of = list(kinds.values())
         if settings.gate_on == "flips":
@@ -438,11 +441,11 @@ def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence
                 gates.append(flips_gate(checked, sum(kr.tally.different for kr in results_of)))
         if settings.record:
             gates.append(record_gate([(kr.kind, kr.tally) for kr in results_of]))
-        counts = [Count(kr.kind, kr.tally, sum(1 for r in kr.records if _unexpected(r)),
-                        sum(1 for r in kr.records if _unexpected(r) and r.flip)) for kr in results_of]
+        counts = [Count(kind=kr.kind, tally=kr.tally, unexpected=sum(1 for r in kr.records if _unexpected(r)),
+                        flipped=sum(1 for r in kr.records if _unexpected(r) and r.flip)) for kr in results_of]
         verdict = judge(counts, settings.min_valid, interrupted, gates or None, placement_problem(every, target.name),
                         not_measured, sum(1 for c in checks if c.target == target.name and c.outcome == Outcome.ERROR))
-        results.append(TargetResult(target, setup, verdict, kinds))
+        results.append(TargetResult(input=target, setup=setup, verdict=verdict, kinds=kinds))
     verdict = (combine_verdicts([(str(t.name), t.verdict) for t in results]) if settings.targets
                else results[0].verdict)
-    return RunResult(settings, inputs, results, verdict)
+    return RunResult(settings=settings, inputs=inputs, targets=results, verdict=verdict)

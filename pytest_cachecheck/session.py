@@ -42,7 +42,8 @@ class CheckSession:
             from .episodes import episode_set_fingerprint
 
             label = "+".join("builtin" if f == "builtin" else Path(f).name for f in settings.episode_files)
-            self.episode_set = ProbeSet(label, len(self.episodes), episode_set_fingerprint(self.episodes))
+            self.episode_set = ProbeSet(name=label, count=len(self.episodes),
+                                        fingerprint=episode_set_fingerprint(self.episodes))
         self.baselines = baselines
         self.served = served
         #: "<probe|episode>@<target>" -> baseline_different(...), as a worker's controller found it
@@ -151,7 +152,7 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Hand
     if settings.n is not None:
         probes = probes[: settings.n]
     name = "builtin" if not settings.probe_files else "+".join(Path(p).name for p in settings.probe_files)
-    probe_set = ProbeSet(name, len(probes), probe_set_fingerprint(probes))
+    probe_set = ProbeSet(name=name, count=len(probes), fingerprint=probe_set_fingerprint(probes))
     if settings.episode_files and episodes is None:
         from .episodes import load_episodes
 

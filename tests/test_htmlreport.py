@@ -114,8 +114,8 @@ def _everything(report: RunReport) -> RunReport:
 
     def path(name: str, second: str) -> Trajectory:
         call = ToolCall("get_weather", '{"city": "Oslo"}')
-        return Trajectory(name, [EpisodeStep(1, "", [call], "tool_calls", 40, 12, 0),
-                                 EpisodeStep(2, second, [], "stop", 60, 9, 51)], "ran out")
+        return Trajectory(name=name, steps=[EpisodeStep(1, "", [call], "tool_calls", 40, 12, 0),
+                                            EpisodeStep(2, second, [], "stop", 60, 9, 51)], ended="ran out")
 
     report.summary.not_run = ["omitted-probe"]
     report.summary.recompute_reuse_cause = "the recompute path reused the cache"
@@ -124,8 +124,8 @@ def _everything(report: RunReport) -> RunReport:
         t.setup.nocache_server = f.setup(kind="sglang").server
         t.episodes = [EpisodeRecord("walk", "builtin:3", "sha256:w", Outcome.DIFFERENT, "parted at step 2",
                                     Parting(2, "text", Divergence(6, 2, "a", "b"), 2, 2),
-                                    [path("cache-1", "rainy and warm"),
-                                     path("recompute-1", "rainy and cold")]),
+                                    paths=[path("cache-1", "rainy and warm"),
+                                           path("recompute-1", "rainy and cold")]),
                       EpisodeRecord("chat", "builtin:1", "sha256:c", Outcome.SAME, "",
                                     paths=[path("cache-1", "ok"), path("recompute-1", "ok")])]
         t.episode_summary = EpisodeSummary.of(t.episodes)
@@ -922,12 +922,13 @@ def test_episodes_side_by_side_with_the_parting_step_marked() -> None:
     from pytest_cachecheck.model import Divergence, EpisodeSummary
 
     def path(name: str, second: str) -> Path:
-        return Path(name, [EpisodeStep(1, "", [ToolCall("get_weather", '{"city": "Oslo"}')], "tool_calls", 40, 12, 0),
-                           EpisodeStep(2, second, [], "stop", 60, 9, 51)], "user turns ran out")
+        return Path(name=name, ended="user turns ran out",
+                    steps=[EpisodeStep(1, "", [ToolCall("get_weather", '{"city": "Oslo"}')], "tool_calls", 40, 12, 0),
+                           EpisodeStep(2, second, [], "stop", 60, 9, 51)])
 
     changed = EpisodeRecord("walk", "builtin:3", "sha256:w", Outcome.DIFFERENT, "parted at step 2",
                             Parting(2, "text", Divergence(6, 2, "a", "b"), 2, 2),
-                            [path("cache-1", f"rainy {SCRIPT}"), path("recompute-1", "rainy and cold")])
+                            paths=[path("cache-1", f"rainy {SCRIPT}"), path("recompute-1", "rainy and cold")])
     same = EpisodeRecord("chat", "builtin:1", "sha256:c", Outcome.SAME, "",
                          paths=[path("cache-1", "ok"), path("recompute-1", "ok")])
     report = make_report([])

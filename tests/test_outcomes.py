@@ -168,8 +168,9 @@ def test_tally_counts_accuracy_flips_and_mcnemar() -> None:
 
 def test_episode_answers_final_text_and_calls() -> None:
     def path(name: str, day: str) -> EpisodePath:
-        return EpisodePath(name, [EpisodeStep(1, "", [ToolCall("get_weather", f'{{"day": "{day}"}}')], "tool_calls", 1, 1, 0),
-                                  EpisodeStep(2, "It rains.", [], "stop", 1, 1, 0)])
+        return EpisodePath(name=name, steps=[
+            EpisodeStep(1, "", [ToolCall("get_weather", f'{{"day": "{day}"}}')], "tool_calls", 1, 1, 0),
+            EpisodeStep(2, "It rains.", [], "stop", 1, 1, 0)])
 
     rec = EpisodeRecord("e", "f:1", "sha256:x", Outcome.DIFFERENT,
                         paths=[path("cache-1", "today"), path("recompute-1", "tomorrow")])
