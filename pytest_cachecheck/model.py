@@ -966,6 +966,13 @@ class RunReport(_Json):
     def episode_records(self) -> Optional[List[EpisodeRecord]]:
         return self.episodes if self.episode_set is not None else None
 
+    @property
+    @_derived(after="episode_checks", omit=True)
+    def own_check_summary(self) -> Optional[CheckTally]:
+        """The outcome checks of the tests' own measurements (``checks``, ``episode_checks``); None when none
+        had checks."""
+        return CheckTally.of([*self.checks, *self.episode_checks])
+
     def target(self, name: Optional[str]) -> TargetReport:
         for t in self.targets:
             if t.name == name:

@@ -307,7 +307,7 @@ def own_lines(report: RunReport) -> List[Out]:
                            f"{t.valid} (same {t.same}, different {t.different}) | inconclusive: "
                            f"{t.inconclusive} | errors: {t.errors}")]
     return out + [Line(line, {"red": "flipped: " in line})
-                  for line in check_lines(CheckTally.of(own), "measurement")]
+                  for line in check_lines(report.own_check_summary, "measurement")]
 
 
 def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], verbose: bool) -> List[Out]:

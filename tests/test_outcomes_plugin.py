@@ -220,8 +220,12 @@ def test_fixture_judge_reports_the_same_way(pytester: pytest.Pytester, emulator:
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-n=1",
                                            "--cachecheck-report=r.json", "-k", "judged or broken or declared", *FAST)
     result.assert_outcomes(passed=3, deselected=1)
-    checks = {c["id"]: c for c in json.loads((pytester.path / "r.json").read_text())["checks"]}
+    data = json.loads((pytester.path / "r.json").read_text())
+    checks = {c["id"]: c for c in data["checks"]}
     assert checks["judged"]["check_results"]["flip"] == "cache-fails"
+    own = data["own_check_summary"]
+    assert (own["items"], own["flips"], own["cache_fails"], own["flipped"], own["check_errors"]) == \
+        (2, 1, 1, ["judged"], 1), own
     # the summary counts the tests' own measurements and their flips (each test decided its own outcome)
     result.stdout.fnmatch_lines(["tests' own measurements (cachecheck.check(), .episode()): 4 | valid: 4 (same 0, "
                                  "different 4) | inconclusive: 0 | errors: 0",
