@@ -520,6 +520,16 @@ def _check_summary_html(t: Optional[CheckTally], unit: str, ident: str) -> Marku
     return h("p", {"id": ident}, join(lines, Markup("<br>"))) if lines else Markup()
 
 
+def _own_section(report: RunReport) -> Markup:
+    """The tests' own measurements (``cachecheck.check()``, ``.episode()``): the summary's lines, when any."""
+    from .terminal import own_lines
+
+    lines = [o.text for o in own_lines(report) if hasattr(o, "text")]
+    if not lines:
+        return Markup()
+    return join([h("h2", {"id": "own"}, "Tests' own measurements"), h("p", {}, join(lines, Markup("<br>")))])
+
+
 def _divergence_text(r: ProbeRecord, at: Optional[int]) -> Markup:
     d = r.divergence
     where = f"first difference at character {d.char if d is not None else at}"
@@ -901,7 +911,7 @@ def render_html(report: RunReport, scrub: Optional[Callable[[str], str]] = None)
     body = (_render_matrix(report, by_target) if report.matrix
             else _render_single(report, by_target[report.targets[0].name]))
     intro = h("p", {"class": "why", "id": "intro"}, _INTRO, _INTRO_MATRIX if report.matrix else None)
-    parts += body[:1] + [intro] + body[1:]
+    parts += body[:1] + [intro] + body[1:] + [_own_section(report)]
     parts.append(join([h("p", {"class": "footer"}, "Self-contained page written by pytest-cachecheck: no "
                            "scripts, no external resources."), Markup("</body></html>")]))
     return "\n".join(p for p in parts if p) + "\n"

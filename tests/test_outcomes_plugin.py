@@ -218,7 +218,8 @@ def test_fixture_judge_reports_the_same_way(pytester: pytest.Pytester, emulator:
     emu = emulator(diverge_on_hit={MARK})
     pytester.makepyfile(test_judged=JUDGED)
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-n=1",
-                                           "--cachecheck-report=r.json", "-k", "judged or broken or declared", *FAST)
+                                           "--cachecheck-report=r.json", "--cachecheck-html=r.html", "-k",
+                                           "judged or broken or declared", *FAST)
     result.assert_outcomes(passed=3, deselected=1)
     data = json.loads((pytester.path / "r.json").read_text())
     checks = {c["id"]: c for c in data["checks"]}
@@ -226,6 +227,8 @@ def test_fixture_judge_reports_the_same_way(pytester: pytest.Pytester, emulator:
     own = data["own_check_summary"]
     assert (own["items"], own["flips"], own["cache_fails"], own["flipped"], own["check_errors"]) == \
         (2, 1, 1, ["judged"], 1), own
+    page = (pytester.path / "r.html").read_text()
+    assert 'id="own">Tests&#x27; own measurements</h2>' in page and "<br>flipped: judged<br>" in page
     # the summary counts the tests' own measurements and their flips (each test decided its own outcome)
     result.stdout.fnmatch_lines(["tests' own measurements (cachecheck.check(), .episode()): 4 | valid: 4 (same 0, "
                                  "different 4) | inconclusive: 0 | errors: 0",
