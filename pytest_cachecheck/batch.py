@@ -52,10 +52,9 @@ from .validity import (
 KIND = "batch"
 STEPS = ("turn-1", "alone-1/turn-2", "load-1/turn-2", "alone-2/turn-2", "load-2/turn-2")
 
-_WORDS = ("river", "lantern", "copper", "meadow", "harbor", "violin", "glacier", "orchard", "compass", "ember",
-          "falcon", "granite", "hollow", "island", "juniper", "kettle", "ledger", "marble", "nectar", "oyster",
-          "pepper", "quarry", "saddle", "thistle", "velvet", "walnut", "yarrow", "zephyr", "anchor", "basket",
-          "candle", "dagger", "feather", "garnet", "helmet", "indigo", "jasmine", "kernel", "lichen", "mortar")
+_WORDS = ("river lantern copper meadow harbor violin glacier orchard compass ember falcon granite hollow island "
+          "juniper kettle ledger marble nectar oyster pepper quarry saddle thistle velvet walnut yarrow zephyr "
+          "anchor basket candle dagger feather garnet helmet indigo jasmine kernel lichen mortar").split()
 
 
 @dataclass(frozen=True)
@@ -93,8 +92,8 @@ class BatchShape:
         return out
 
     def to_json(self) -> Dict[str, Any]:
-        return {"concurrent": self.concurrent, "prompt_words": self.prompt_words, "max_tokens": self.max_tokens,
-                "seed": self.seed, "lead_s": self.lead_s}
+        return {"concurrent": self.concurrent, "prompt_words": self.prompt_words,
+                "max_tokens": self.max_tokens, "seed": self.seed, "lead_s": self.lead_s}
 
 
 @dataclass
@@ -160,8 +159,8 @@ def summary_line(records: Sequence[BatchRecord], shape: BatchShape) -> str:
     t = Tally.of(records)  # type: ignore[arg-type]  # reads .outcome only
     rate = t.rate
     said = f": {rate.text()}" if rate is not None else ""
-    return (f"{shape.label()}: {t.different} of {t.valid} valid probes answered differently under load{said}; "
-            f"{t.inconclusive} inconclusive, {t.errors} errors")
+    return (f"{shape.label()}: {t.different} of {t.valid} valid probes answered differently under "
+            f"load{said}; {t.inconclusive} inconclusive, {t.errors} errors")
 
 
 def batch_message(d: Divergence, run: int) -> str:
@@ -276,17 +275,17 @@ class BatchRunner:
         if bad:
             record.outcome, record.reason = Outcome.INCONCLUSIVE, bad
             return
-        problems = [p for p in [differs("the two runs alone gave different answers",
-                                        first_difference(replies["alone-1/turn-2"].content,
-                                                         replies["alone-2/turn-2"].content), "character")] if p]
-        problems += [p for name in STEPS[1:] for p in [Rules.no_reuse(name, replies[name].cached_tokens)] if p]
-        problems += [p for load in record.loads
-                     for p in [under_load(f"load run {load.run}", load.in_flight_at_send, load.background)] if p]
+        alone = first_difference(replies["alone-1/turn-2"].content, replies["alone-2/turn-2"].content)
+        found = [differs("the two runs alone gave different answers", alone, "character")]
+        found += [Rules.no_reuse(name, replies[name].cached_tokens) for name in STEPS[1:]]
+        found += [under_load(f"load run {x.run}", x.in_flight_at_send, x.background) for x in record.loads]
+        problems = [p for p in found if p]
         if problems:
             record.outcome, record.reason = Outcome.INCONCLUSIVE, inconclusive(problems)
             return
         for run in (2, 1):  # run 2 carries the logprobs where they were asked for
-            divergence = divergence_of(self.client, replies[f"alone-{run}/turn-2"], replies[f"load-{run}/turn-2"])
+            alone_reply, load_reply = replies[f"alone-{run}/turn-2"], replies[f"load-{run}/turn-2"]
+            divergence = divergence_of(self.client, alone_reply, load_reply)
             if divergence is not None:
                 record.outcome, record.divergence, record.parted_run = Outcome.DIFFERENT, divergence, run
                 record.reason = batch_message(divergence, run)

@@ -146,7 +146,8 @@ class Span:
 
 def overlap(measured: Span, background: Sequence[Span]) -> Tuple[int, int]:
     """(background requests in flight when ``measured`` was sent, those of them still in flight when it was
-    answered), by the client's clock: sent before it, answered after it was sent (or after it was answered)."""
+    answered), by the client's clock: sent before it, answered after it was sent (or after it was
+    answered)."""
     at_start = [b for b in background if b.sent < measured.sent < b.answered]
     return len(at_start), sum(1 for b in at_start if b.answered >= measured.answered)
 
@@ -155,7 +156,8 @@ def under_load(where: str, in_flight: int, background: int) -> Optional[str]:
     """The load rule: a request measured under load must have been sent while at least one background request
     was in flight, so the server had other work when it arrived. Whether the server then ran it beside that
     work (a batch) or queued it until a slot was free (computed alone, as with llama-server ``-np 1``) is the
-    server's behaviour under load, which is what is measured; it is not asked that the background outlast it."""
+    server's behaviour under load, which is what is measured; it is not asked that the background outlast
+    it."""
     if in_flight:
         return None
     return (f"{where}: none of the {background} background requests was in flight when it was sent (they "

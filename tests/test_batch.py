@@ -1,4 +1,5 @@
-"""The batch measurement (pytest_cachecheck/batch.py) against the vLLM emulator, a real HTTP server in-process.
+"""The batch measurement (pytest_cachecheck/batch.py) against the vLLM emulator, a real HTTP server in
+process.
 
 The controls: an emulated server whose answers depend on the batch (``batch_variant``) must be caught as
 ``different``, the same server without that fault must give ``same``, and with one slot (requests queue,
@@ -50,11 +51,11 @@ def test_positive_control_a_batch_variant_server_is_caught(emulator):
         d = r.divergence
         assert r.parted_run == 2 and d is not None and d.char == 40 and d.token == 40
         assert d.cache_token != d.recompute_token and d.kind in ("near-tie", "large-gap")
-        assert r.reason.startswith("under load (run 2) the turn-2 answer differed from the answer alone, from "
-                                   "character 40 (token 40)\n  alone: ")
+        assert r.reason.startswith("under load (run 2) the turn-2 answer differed from the answer alone, "
+                                   "from character 40 (token 40)\n  alone: ")
         assert f"nats: {d.kind}" in r.reason and NEAR_TIE_NATS > 0
-        assert r.line().startswith(f"{r.id} [batch: 2 background requests of 20 words, up to 8 tokens, seed 7; "
-                                   f"cache off] different")
+        assert r.line().startswith(f"{r.id} [batch: 2 background requests of 20 words, up to 8 tokens, "
+                                   f"seed 7; cache off] different")
     assert summary_line(records, SHAPE) == (
         "batch: 2 background requests of 20 words, up to 8 tokens, seed 7; cache off: 2 of 2 valid probes "
         "answered differently under load: 100.0% (2/2, 95% CI 34.2% to 100.0%); 0 inconclusive, 0 errors")
@@ -98,8 +99,8 @@ def test_reuse_on_any_measured_request_is_inconclusive(emulator):
     emu = emulator(honor_salt=False, compute_seconds=0.1)  # the scratch salt is ignored: turn 2 hits turn 1
     (record,) = measure(emu, 1)
     assert record.outcome == Outcome.INCONCLUSIVE
-    assert re.match(r"inconclusive: alone-1/turn-2 reused \d+ cached tokens, expected 0; load-1/turn-2 reused",
-                    record.reason), record.reason
+    assert re.match(r"inconclusive: alone-1/turn-2 reused \d+ cached tokens, expected 0; "
+                    r"load-1/turn-2 reused", record.reason), record.reason
 
 
 def test_a_failing_background_request_is_an_error(emulator):
@@ -145,9 +146,10 @@ def test_shape():
 def test_overlap_rule():
     measured = Span(10.0, 12.0)
     spans = [Span(9.0, 13.0), Span(9.5, 11.0), Span(9.0, 9.9), Span(10.5, 14.0)]
-    # in flight at send: the first two (the third ended first, the fourth was sent later); still at answer: one
+    # in flight at send: the first two (the third ended first, the fourth was sent later); at answer: one
     assert overlap(measured, spans) == (2, 1)
     assert overlap(measured, []) == (0, 0)
     assert under_load("load run 1", 2, 4) is None
-    assert under_load("load run 1", 0, 4) == ("load run 1: none of the 4 background requests was in flight when "
-                                              "it was sent (they ended first); give them more tokens to answer")
+    assert under_load("load run 1", 0, 4) == ("load run 1: none of the 4 background requests was in flight "
+                                              "when it was sent (they ended first); give them more tokens to "
+                                              "answer")
