@@ -28,6 +28,7 @@ from . import _items
 from .episodes import Episode
 from .errors import ConfigError
 from .identity import server_groups, server_identity
+from .kinds import KINDS
 from .model import record_key
 from .probes import Probe
 from .settings import Settings
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from .session import CheckSession
 
 MODULE = "cachecheck"  # the node id of the synthetic module of probe items
-PROBE, EPISODE = "probe", "episode"  # the kinds of item, named as their test functions in _items
+PROBE, EPISODE = (k.name for k in KINDS)  # the kinds of item, named as their test functions in _items
 GATE_NODEID = f"{MODULE}::{_items.GATE}"
 ITEM_PREFIXES = (f"{MODULE}::{PROBE}[", f"{MODULE}::{EPISODE}[")
 FIXTURE = "cachecheck"

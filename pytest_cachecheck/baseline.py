@@ -357,12 +357,12 @@ def compare(baseline: Baseline, current: Sequence[Record], current_env: Mapping[
     for ident, rec in after.items():
         old = before.get(ident)
         if old is None:
-            rows.append(Row(ident, None, rec.outcome.value, NEW_PROBE))
+            rows.append(Row(id=ident, before=None, after=rec.outcome.value, status=NEW_PROBE))
         else:
-            rows.append(Row(ident, old.outcome.value, rec.outcome.value, _status(old, rec)))
+            rows.append(Row(id=ident, before=old.outcome.value, after=rec.outcome.value, status=_status(old, rec)))
     for ident, old in before.items():
         if ident not in after:
-            rows.append(Row(ident, old.outcome.value, None, NOT_RUN))
+            rows.append(Row(id=ident, before=old.outcome.value, after=None, status=NOT_RUN))
     rows.sort(key=lambda r: _RANK[r.status])  # stable: run order within a status
 
     counts = {s: 0 for s in STATUSES}

@@ -708,7 +708,7 @@ def _probe_set(report: RunReport) -> Tuple[str, Markup]:
 def _setup_rows(t: TargetReport) -> List[Tuple[str, Any]]:
     s = t.setup
     rows: List[Tuple[str, Any]] = []
-    url = _url_html(t.url)
+    url = _url_html(t.url) if t.name is not None else None  # one server: the settings name it
     if url:
         rows.append(("url", url))
     rows += [("mode", s.mode or "?"), ("server", _server_text(s.server))]

@@ -65,8 +65,8 @@ def release_flags(version: Optional[str] = None) -> tuple[str, ...]:
     """The CMake flag that makes the build report its llama.cpp release (``/props`` ``build_info``
     ``b11434-unknown``, ``--version``): the source package has no git metadata, from which llama.cpp would
     read it, so without the flag the build reports ``b0-unknown``. The commit stays ``unknown`` (the
-    package does not name llama.cpp's). Not part of :func:`build_key`: it follows from the version, which is;
-    a build cached before the flag existed keeps reporting ``b0-unknown`` until its folder is removed."""
+    package does not name llama.cpp's). Part of :func:`build_key`, so a build cached before the flag existed
+    (which reports ``b0-unknown``) is not reused."""
     number = llama_release(version)
     return ("-DLLAMA_BUILD_NUMBER=%d" % number,) if number is not None else ()
 
@@ -97,8 +97,9 @@ def _build_version(version: Optional[str] = None) -> str:
 
 
 def build_key(version: Optional[str] = None) -> str:
-    """First 12 hex digits of sha256("<version> <flags>"), exactly like the shell script."""
-    text = "%s %s" % (_build_version(version), " ".join(CMAKE_FLAGS))
+    """First 12 hex digits of sha256("<version> <flags>"): every flag the build is configured with."""
+    v = _build_version(version)
+    text = "%s %s" % (v, " ".join(CMAKE_FLAGS + release_flags(v)))
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:12]
 
 

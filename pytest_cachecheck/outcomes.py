@@ -191,16 +191,16 @@ class Expect:
             try:
                 why = check.failure(answer)
             except Exception as exc:  # noqa: BLE001 - only a test's judge can raise here
-                return CheckResult(None, f"{check.describe()} raised {type(exc).__name__}: "
+                return CheckResult(passed=None, reason=f"{check.describe()} raised {type(exc).__name__}: "
                                          f"{printable(str(exc), 200)}")
             if why is not None:
-                return CheckResult(False, f"`{check.describe()}` ({why})")
-        return CheckResult(True)
+                return CheckResult(passed=False, reason=f"`{check.describe()}` ({why})")
+        return CheckResult(passed=True)
 
     def judge(self, record: Union[ProbeRecord, EpisodeRecord]) -> CheckResults:
         """The checks' result on each path of a valid record (the first repetition stands for its path);
         an invalid record gets none."""
-        results = CheckResults(self.describe())
+        results = CheckResults(checks=self.describe())
         if record.valid:
             results.cache, results.recompute = (self.evaluate(a) for a in answers(record))
         return results

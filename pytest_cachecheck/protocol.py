@@ -90,7 +90,8 @@ def divergence_of(client: ChatClient, a: Reply, b: Reply) -> Optional[Divergence
     at = first_difference(a.content, b.content)
     if at is None:
         return None
-    divergence = Divergence(at, None, excerpt(a.content, at), excerpt(b.content, at))
+    divergence = Divergence(char=at, token=None, cache_excerpt=excerpt(a.content, at),
+                            recompute_excerpt=excerpt(b.content, at))
     parted = _token_parting(a.logprobs, b.logprobs)
     if parted is not None:
         divergence.token, (divergence.cache_token, _, divergence.cache_margin), \
@@ -143,7 +144,8 @@ class Runner:
     def run(self, probe: Probe) -> ProbeRecord:
         """Measure one probe. Request failures give outcome 'error', never a divergence."""
         start = time.monotonic()
-        record = ProbeRecord(probe.id, probe.source, probe.fingerprint, Outcome.ERROR)
+        record = ProbeRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint,
+                             outcome=Outcome.ERROR)
         replies: Dict[str, Reply] = {}
         try:
             setup = self.prepare()
@@ -205,8 +207,9 @@ class Runner:
         for run in (1, 2):
             t1, t2 = replies[f"cache-{run}/turn-1"], replies[f"cache-{run}/turn-2"]
             assert t1.prompt_tokens is not None and t1.completion_tokens is not None
-            hits.append(HitCheck(run, t2.cached_tokens, t1.prompt_tokens, t1.completion_tokens, rules.need(t1),
-                                 rules.full(t1)))
+            hits.append(HitCheck(run=run, cached_tokens=t2.cached_tokens, turn1_prompt_tokens=t1.prompt_tokens,
+                                 turn1_answer_tokens=t1.completion_tokens, expected_at_least=rules.need(t1),
+                                 full_reuse=rules.full(t1)))
             hit = rules.hit(f"cache run {run}: turn-2 cache hit", t2.cached_tokens, t1, "turn-1",
                             "the turn-1 prompt")
             if hit is not None:
@@ -222,7 +225,8 @@ class Runner:
         reuse = [p for run in (1, 2) for p in [rules.no_reuse(f"recompute run {run}",
                                                               replies[f"recompute-{run}/turn-2"].cached_tokens)] if p]
         problems += reuse
-        record.checks = Checks(rules.tolerance, s.skip_hit_check, hits, bool(reuse))
+        record.checks = Checks(hit_tolerance=rules.tolerance, skip_hit_check=s.skip_hit_check, cache_hits=hits,
+                               recompute_reused=bool(reuse))
         if problems:
             record.outcome, record.reason = Outcome.INCONCLUSIVE, inconclusive(problems)
             return

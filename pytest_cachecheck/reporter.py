@@ -10,15 +10,17 @@ it always judges every probe. It is never collected: no selection can pick it al
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, Generator, List, Optional, Set, Tuple
+from dataclasses import dataclass, field
+from typing import Any, Dict, Generator, List, Optional, Set, Tuple, Type, Union
 
 import pytest
 
 from . import _collect, _items, terminal
 from ._api import CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD, State
 from .files import write_report
+from .kinds import EPISODE, PROBE
 from .model import EpisodeRecord, ProbeRecord, RunReport, Status, Verdict
-from .run import EpisodeInput, RunResult, summarise
+from .run import KindInput, RunResult, summarise
 from .session import CheckSession
 from .text import printable
 
@@ -33,6 +35,23 @@ class JsonRecord(Dict[str, Any]):
         return json.dumps(self)
 
 
+Record = Union[ProbeRecord, EpisodeRecord]
+#: user_properties key -> (the kind, whether it is a test's own measurement, the record class)
+PROPERTIES: Dict[str, Tuple[str, bool, Type[Any]]] = {
+    RECORD: (PROBE.name, False, ProbeRecord), CHECK_RECORD: (PROBE.name, True, ProbeRecord),
+    EPISODE_RECORD: (EPISODE.name, False, EpisodeRecord), EPISODE_CHECK_RECORD: (EPISODE.name, True, EpisodeRecord)}
+
+
+@dataclass
+class Collected:
+    """What arrived of one kind: the items' records by record key, the tests' own measurements, and the
+    record keys of the items selected to run (None until the selection is known)."""
+
+    records: Dict[str, Record] = field(default_factory=dict)
+    checks: List[Record] = field(default_factory=list)
+    selected: Optional[List[str]] = None
+
+
 class Reporter:
     def __init__(self, config: pytest.Config, state: State) -> None:
         self.config = config
@@ -41,14 +60,9 @@ class Reporter:
         self.controller_of_workers = state.controller_of_workers  # under xdist: the workers run the probes
         #: what the plugin was doing outside the probes, for the verdict of a run interrupted then
         self.stage: Optional[str] = None
-        self.records: Dict[str, ProbeRecord] = {}  # by record key
-        self.started: Dict[str, None] = {}  # record keys of the probe items that started, in order
+        self.kinds: Dict[str, Collected] = {PROBE.name: Collected(), EPISODE.name: Collected()}
+        self.started: Dict[str, None] = {}  # record keys of the items that started, in order
         self._keys: Optional[Dict[str, Tuple[str, str]]] = None  # item node id -> (kind, record key)
-        self.checks: List[ProbeRecord] = []
-        self.selected: Optional[List[str]] = None  # record keys of the items selected to run
-        self.episodes: Dict[str, EpisodeRecord] = {}
-        self.episode_checks: List[EpisodeRecord] = []
-        self.selected_episodes: Optional[List[str]] = None
         self.report_errors: List[str] = []
         self.unwritten: Set[str] = set()  # the output files that could not be written
         self.result: Optional[RunResult] = None
@@ -59,33 +73,37 @@ class Reporter:
     def gate_verdict(self) -> Verdict:
         """The session verdict on the results so far (a selected probe or episode without a result fails it)."""
         verdict = self._summarise(False).verdict
-        return Verdict(verdict.status, verdict.ok, self.session.redactor.scrub(verdict.why))
+        return Verdict(status=verdict.status, ok=verdict.ok, why=self.session.redactor.scrub(verdict.why))
 
     def _summarise(self, interrupted: Any) -> RunResult:
         s = self.session
-        episodes = None
-        if s.episode_set is not None:
-            episodes = EpisodeInput(s.episode_set, [e.id for e in s.episodes], self.episodes,
-                                    self.selected_episodes)
-        return summarise(s.settings, s.probe_set, [p.id for p in s.probes], s.target_inputs(), self.records,
-                         self.checks, self.selected, s.baselines, interrupted, episodes, self.episode_checks)
+        inputs = [KindInput(kind, item_set, [i.id for i in items or ()], got.records, got.checks, got.selected)
+                  for kind, item_set, items in ((PROBE, s.probe_set, s.probes), (EPISODE, s.episode_set, s.episodes))
+                  for got in [self.kinds[kind.name]]]
+        return summarise(s.settings, inputs, s.target_inputs(), s.baselines, interrupted)
+
+    @property
+    def _selection_known(self) -> bool:
+        return all(c.selected is not None for c in self.kinds.values())
+
+    def _any_selected(self) -> bool:
+        return any(c.selected for c in self.kinds.values())
 
     def measured_nothing(self) -> bool:
         """Whether this run set out to measure nothing: --collect-only, or a selection (-k, -m, --deselect)
         without a probe, an episode or a measured check. Such a run writes no report: an earlier one stays."""
         if self.config.option.collectonly:
             return True
-        if self.selected is None:
+        if not self._selection_known:
             return False  # stopped before its selection was known: it set out to measure
-        return not (self.selected or self.selected_episodes or self.records or self.episodes or self.checks
-                    or self.episode_checks)
+        return not any(c.selected or c.records or c.checks for c in self.kinds.values())
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtestloop(self, session: pytest.Session) -> Generator[None, Any, None]:
         """The gate, by one path in every mode: after the loop (under xdist: on the controller, once every
         worker has finished), so it judges every selected probe and episode, whatever reordered the items."""
         outcome = yield
-        if (not (self.selected or self.selected_episodes) or outcome.excinfo is not None
+        if (not self._any_selected() or outcome.excinfo is not None
                 or session.shouldfail or session.shouldstop or self.config.option.collectonly):
             return
         gate = _items.GateItem.from_parent(session, name=_items.GATE, nodeid=_collect.GATE_NODEID,
@@ -98,9 +116,9 @@ class Reporter:
         self._select([key for key in map(_collect.item_key, items) if key is not None])
 
     def _select(self, keys: List[Tuple[str, str]]) -> None:
-        """The probes and episodes selected to run, from (kind, record key) pairs in run order."""
-        self.selected = [key for kind, key in keys if kind == _collect.PROBE]
-        self.selected_episodes = [key for kind, key in keys if kind == _collect.EPISODE]
+        """The items selected to run, from (kind, record key) pairs in run order."""
+        for name, got in self.kinds.items():
+            got.selected = [key for kind, key in keys if kind == name]
 
     def _nodeids(self) -> Dict[str, Tuple[str, str]]:
         if self._keys is None:
@@ -109,7 +127,7 @@ class Reporter:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_node_collection_finished(self, node: Any, ids: List[str]) -> None:
-        if self.selected is None:
+        if not self._selection_known:
             by_id = self._nodeids()
             self._select([by_id[n] for n in ids if n in by_id])
 
@@ -125,16 +143,15 @@ class Reporter:
                                    and isinstance(value, dict) else value)
                                   for name, value in report.user_properties]
         for name, value in report.user_properties:
-            if name == RECORD and isinstance(value, dict):
-                record = ProbeRecord.from_json(value)
-                self.records[record.key] = record
-            elif name == CHECK_RECORD and isinstance(value, dict) and report.when == "call":
-                self.checks.append(ProbeRecord.from_json(value))
-            elif name == EPISODE_RECORD and isinstance(value, dict):
-                episode = EpisodeRecord.from_json(value)
-                self.episodes[episode.key] = episode
-            elif name == EPISODE_CHECK_RECORD and isinstance(value, dict) and report.when == "call":
-                self.episode_checks.append(EpisodeRecord.from_json(value))
+            if name not in PROPERTIES or not isinstance(value, dict):
+                continue
+            kind, check, cls = PROPERTIES[name]
+            got = self.kinds[kind]
+            if not check:
+                record = cls.from_json(value)
+                got.records[record.key] = record
+            elif report.when == "call":
+                got.checks.append(cls.from_json(value))
 
     def _drain_xdist(self) -> None:
         """Take the reports xdist workers sent that the controller had not handled when the run stopped (an
@@ -161,7 +178,7 @@ class Reporter:
         """The verdict of an interrupted run: how, and what was being done."""
         how = self.interrupts.describe()
         text = "the run was interrupted" + (f" {how}" if how else "")
-        in_flight = [k for k in self.started if k not in self.records and k not in self.episodes]
+        in_flight = [k for k in self.started if not any(k in c.records for c in self.kinds.values())]
         if self.stage:
             text += f" {self.stage}"
         elif in_flight:
@@ -244,8 +261,8 @@ class Reporter:
         lastfailed = getattr(lf, "lastfailed", None)
         if not isinstance(lastfailed, dict):
             return
-        for kind, keys in ((_collect.PROBE, self.selected), (_collect.EPISODE, self.selected_episodes)):
-            for key in keys or []:
+        for kind, got in self.kinds.items():
+            for key in got.selected or []:
                 lastfailed.setdefault(_collect.nodeid(kind, key), True)
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:

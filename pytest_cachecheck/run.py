@@ -8,11 +8,12 @@ Knows nothing about pytest: the reporter feeds it records and asks for the verdi
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .baseline import Baseline, compare, env_of, should_fail
 from .identity import server_groups
+from .kinds import EPISODE, PROBE, Kind, all_of, any_of
 from .model import (CheckTally, Comparison, EpisodeRecord, EpisodeSummary, Outcome, ProbeRecord, ProbeSet, RunReport,
                     Setup, Status, Summary, Tally, TargetReport, Verdict, record_key)
 from .redact import display_url
@@ -20,6 +21,7 @@ from .settings import Settings
 from .text import counted
 
 Gate = Tuple[bool, str]  # (fails?, why)
+Record = Union[ProbeRecord, EpisodeRecord]
 
 
 def now() -> str:
@@ -36,10 +38,10 @@ def _rate_gate(hits: int, total: int, limit: float, what: str, flag: str, nothin
     return False, f"{what} {rate:.1%} is within {flag} {limit:g}"
 
 
-def max_rate_gate(t: Tally, max_rate: float, what: str = "divergence rate", unit: str = "probe") -> Gate:
+def max_rate_gate(t: Tally, max_rate: float, kind: Kind = PROBE) -> Gate:
     """--cachecheck-max-rate: fail when different / valid exceeds max_rate."""
-    return _rate_gate(t.different, t.valid, max_rate, what, "--cachecheck-max-rate",
-                      f"no valid {unit} to measure a rate on")
+    return _rate_gate(t.different, t.valid, max_rate, kind.rate_name, "--cachecheck-max-rate",
+                      f"no valid {kind.name} to measure a rate on")
 
 
 def max_flip_rate_gate(t: Optional[CheckTally], max_rate: float, unit: str = "probe") -> Gate:
@@ -49,23 +51,22 @@ def max_flip_rate_gate(t: Optional[CheckTally], max_rate: float, unit: str = "pr
                       f"no valid {unit} with checks to measure a flip rate on")
 
 
-def flips_gate(probes: Optional[CheckTally], episodes: Optional[CheckTally], divergences: int) -> Gate:
+def flips_gate(checked: Sequence[Optional[CheckTally]], divergences: int) -> Gate:
     """--cachecheck-gate-on flips: fails when no valid item has checks (nothing for the gate to judge), else
-    says what it judged (each flip fails the run by itself, see :func:`expectation`)."""
-    items = sum(t.items for t in (probes, episodes) if t is not None)
+    says what it judged (each flip fails the run by itself, see :func:`expectation`). ``checked``: each kind's
+    outcome checks (None where no item had any)."""
+    items = sum(t.items for t in checked if t is not None)
     if not items:
         return True, ("--cachecheck-gate-on flips: no valid probe or episode has outcome checks ('expect') that "
                       "could be evaluated, so no flip could be seen")
-    flips = sum(t.flips for t in (probes, episodes) if t is not None)
+    flips = sum(t.flips for t in checked if t is not None)
     return False, (f"gated on flips: {counted(flips, 'flip')} in {counted(items, 'valid item')} with checks; "
                    f"{counted(divergences - flips, 'divergence')} flipped no outcome")
 
 
-def record_gate(t: Tally, episodes: Optional[Tally] = None) -> Gate:
+def record_gate(tallies: Sequence[Tuple[Kind, Tally]]) -> Gate:
     """--cachecheck-record: divergences are what a baseline records, never a failure."""
-    what = f"{t.different} of {counted(t.valid, 'valid probe')} differed"
-    if episodes is not None:
-        what += f", {episodes.different} of {counted(episodes.valid, 'valid episode')} changed trajectory"
+    what = ", ".join(f"{t.different} of {counted(t.valid, 'valid ' + k.name)} {k.changed}" for k, t in tallies)
     return False, (f"baseline recorded: {what} (expected when recording; later runs compare with it "
                    f"through --cachecheck-baseline)")
 
@@ -105,48 +106,60 @@ def expectation(record: Union[ProbeRecord, EpisodeRecord], settings: Settings,
     return None
 
 
-def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
+@dataclass
+class Count:
+    """One kind's part of a verdict: its tally, how many of its valid items differed with no reason to
+    expect it (:func:`expectation`: each fails the run), and how many of those flipped an outcome check."""
+
+    kind: Kind
+    tally: Tally
+    unexpected: int = 0
+    flipped: int = 0
+
+
+def judge(counts: Union[Tally, Sequence[Count]], min_valid: float, interrupted: Union[bool, str] = False,
           gates: Optional[Sequence[Gate]] = None, unreliable: Optional[str] = None,
-          episodes: Optional[Tally] = None, unexpected: Tuple[int, int] = (0, 0),
-          not_measured: Sequence[str] = (), check_errors: int = 0, flips: Tuple[int, int] = (0, 0)) -> Verdict:
-    """One target's verdict over its probes (and episodes). ``unexpected``: how many valid probes and episodes
-    differed without a reason to expect it (:func:`expectation`): each fails the run. ``gates`` (max rate,
-    baseline policy, recording) decide the rest. ``unreliable`` says why no outcome can be trusted (it
-    overrides everything). ``interrupted`` may be the text saying how. ``not_measured``: the record keys of
-    the selected probes and episodes that ended without a record; a run with any never passes, nor does one
-    without a valid probe or episode. ``check_errors``: the tests' own ``cachecheck.check()`` and
-    ``cachecheck.episode()`` measurements that failed with a request error (an error, never a pass).
-    ``flips``: how many of the ``unexpected`` probes and episodes flipped the outcome of their checks."""
-    total = t + episodes if episodes is not None else t
-    items = "probes" if episodes is None else "probes and episodes"
+          not_measured: Sequence[str] = (), check_errors: int = 0) -> Verdict:
+    """One target's verdict over its items, of every kind configured (``counts``: one per kind; a bare
+    Tally: probes only). ``gates`` (max rate, baseline policy, recording) decide what the unexpected
+    divergences do not. ``unreliable`` says why no outcome can be trusted (it overrides everything).
+    ``interrupted`` may be the text saying how. ``not_measured``: the record keys of the selected items that
+    ended without a record; a run with any never passes, nor does one without a valid item.
+    ``check_errors``: the tests' own ``cachecheck.check()`` and ``cachecheck.episode()`` measurements that
+    failed with a request error (an error, never a pass)."""
+    if isinstance(counts, Tally):
+        counts = [Count(PROBE, counts)]
+    kinds = [c.kind for c in counts]
+    total = Tally()
+    for c in counts:
+        total = total + c.tally
     if unreliable:
-        return Verdict(Status.UNRELIABLE, False, unreliable)
+        return Verdict(status=Status.UNRELIABLE, ok=False, why=unreliable)
     if interrupted:
-        return Verdict(Status.INTERRUPTED, False, interrupted if isinstance(interrupted, str) else
+        return Verdict(status=Status.INTERRUPTED, ok=False, why=interrupted if isinstance(interrupted, str) else
                        "the run was interrupted; the report holds what was measured")
     if total.probes == 0 and not not_measured and not check_errors:
-        return Verdict(Status.NO_PROBES, True, "no probe ran")
+        return Verdict(status=Status.NO_PROBES, ok=True, why="no probe ran")
     failing = [why for fail, why in gates or () if fail]
     if failing:
-        return Verdict(Status.GATE_FAILED, False, "; ".join(failing))
-    if any(unexpected):
+        return Verdict(status=Status.GATE_FAILED, ok=False, why="; ".join(failing))
+    if any(c.unexpected for c in counts):
         why = []
-        for n, flipped, unit, what in ((unexpected[0], flips[0], "valid probe", "gave a different turn-2 answer"),
-                                       (unexpected[1], flips[1], "valid episode", "changed trajectory")):
+        for c in counts:
+            n, flipped, unit = c.unexpected, c.flipped, f"valid {c.kind.name}"
             if n and flipped == n:
                 why.append(f"{counted(n, unit)} flipped the outcome of {'its' if n == 1 else 'their'} checks")
             elif n:
                 whose = "its" if flipped == 1 else "their"
-                why.append(f"{counted(n, unit)} {what}" + (f" ({flipped} flipped the outcome of {whose} checks)"
-                                                           if flipped else ""))
-        return Verdict(Status.DIVERGED, False, "; ".join(why))
+                why.append(f"{counted(n, unit)} {c.kind.differed}" + (
+                    f" ({flipped} flipped the outcome of {whose} checks)" if flipped else ""))
+        return Verdict(status=Status.DIVERGED, ok=False, why="; ".join(why))
     if total.errors or check_errors:
-        what = "probe" if episodes is None else "probe or episode"
-        why = [f"{counted(total.errors, what)} failed with a request or server error"] if total.errors else []
+        why = [f"{counted(total.errors, any_of(kinds))} failed with a request or server error"] if total.errors else []
         if check_errors:
             why.append(f"{counted(check_errors, 'check of a test', 'checks of tests')} (cachecheck.check() or "
                        f".episode()) failed with a request or server error")
-        return Verdict(Status.ERRORS, False, "; ".join(why))
+        return Verdict(status=Status.ERRORS, ok=False, why="; ".join(why))
     if not_measured:
         shown = ", ".join(not_measured[:5]) + (f" and {len(not_measured) - 5} more" if not_measured[5:] else "")
         return Verdict(Status.NOT_MEASURED, False,
@@ -154,18 +167,17 @@ def judge(t: Tally, min_valid: float, interrupted: Union[bool, str] = False,
                        f"ended without a measurement ({shown}): cut by a timeout, a crash, -x/--maxfail or "
                        f"another plugin; a probe that was not measured is never a pass")
     if total.valid == 0:
-        unit = "probe" if episodes is None else "probe or episode"
+        unit = any_of(kinds)
         return Verdict(Status.TOO_FEW_VALID, False,
                        f"no {unit} was valid (of {counted(total.probes, unit)}), so nothing was measured; "
                        f"see the inconclusive reasons")
     if total.valid < min_valid * total.probes:
         return Verdict(Status.TOO_FEW_VALID, False,
-                       f"only {total.valid} of {total.probes} {items} were valid, fewer than --cachecheck-min-valid "
-                       f"{min_valid:g} requires; see the inconclusive reasons")
+                       f"only {total.valid} of {total.probes} {all_of(kinds)} were valid, fewer than "
+                       f"--cachecheck-min-valid {min_valid:g} requires; see the inconclusive reasons")
     if gates:
-        return Verdict(Status.PASSED, True, "; ".join(why for _, why in gates))
-    return Verdict(Status.PASSED, True, "no valid probe differed" + (
-        "" if episodes is None else " and no valid episode changed trajectory"))
+        return Verdict(status=Status.PASSED, ok=True, why="; ".join(why for _, why in gates))
+    return Verdict(status=Status.PASSED, ok=True, why=" and ".join(k.none_differed for k in kinds))
 
 
 def combine_verdicts(named: Sequence[Tuple[str, Verdict]]) -> Verdict:
@@ -175,8 +187,8 @@ def combine_verdicts(named: Sequence[Tuple[str, Verdict]]) -> Verdict:
     if not failing:
         ran = [(name, v) for name, v in named if v.status != Status.NO_PROBES]
         if not ran:
-            return Verdict(Status.NO_PROBES, True, "no probe ran")
-        return Verdict(Status.PASSED, True, "; ".join(f"{name}: {v.why}" for name, v in ran))
+            return Verdict(status=Status.NO_PROBES, ok=True, why="no probe ran")
+        return Verdict(status=Status.PASSED, ok=True, why="; ".join(f"{name}: {v.why}" for name, v in ran))
     if all(v.status == Status.INTERRUPTED for _, v in failing):
         return failing[0][1]
     return Verdict(failing[0][1].status, False, "; ".join(f"{name}: {v.why}" for name, v in failing))
@@ -233,52 +245,69 @@ class TargetInput:
 
 
 @dataclass
-class EpisodeInput:
-    """What the session collected of its episodes (records keyed by ``record_key``)."""
+class KindInput:
+    """What the session collected of one kind of item: its set (None: the run has no items of this kind,
+    only perhaps the tests' own measurements), the ids in order, the records by ``record_key``, the tests' own
+    measurements of this kind (``cachecheck.check()`` / ``.episode()``) and the record keys of the items
+    selected to run (None: all)."""
 
-    episode_set: ProbeSet
+    kind: Kind
+    item_set: Optional[ProbeSet]
     ids: Sequence[str]
-    records: Mapping[str, EpisodeRecord]
-    selected: Optional[Sequence[str]] = None  # record keys of the episode items selected to run
+    records: Mapping[str, Record]
+    checks: Sequence[Record] = ()
+    selected: Optional[Sequence[str]] = None
 
 
 @dataclass
-class EpisodeResult:
-    records: List[EpisodeRecord]
+class KindResult:
+    """One target's items of one kind: their records, the ids selected to run, the tally, the comparison
+    with the baseline."""
+
+    kind: Kind
+    records: List[Record]
     selected: List[str]
     tally: Tally
     comparison: Optional[Comparison]
 
+    @property
+    def not_run(self) -> List[str]:
+        ran = {r.id for r in self.records}
+        return [i for i in self.selected if i not in ran]
+
 
 @dataclass
 class TargetResult:
-    """One target's records, selection, comparison and verdict."""
+    """One target's results, one per kind configured (the probes always), its setup and verdict."""
 
     input: TargetInput
-    records: List[ProbeRecord]
-    selected: List[str]  # probe ids selected to run
     setup: Setup
-    tally: Tally
     verdict: Verdict
-    comparison: Optional[Comparison]
-    episodes: Optional[EpisodeResult] = None
+    kinds: Dict[str, KindResult]
 
     @property
     def name(self) -> Optional[str]:
         return self.input.name
 
+    @property
+    def probes(self) -> KindResult:
+        return self.kinds[PROBE.name]
+
+    @property
+    def episodes(self) -> Optional[KindResult]:
+        return self.kinds.get(EPISODE.name)
+
     def report(self, exit_status: Optional[int]) -> TargetReport:
-        done = {r.id for r in self.records}
-        summary = Summary(self.tally, self.verdict.status, self.verdict.why, exit_status,
-                          [pid for pid in self.selected if pid not in done],
-                          recompute_reuse_cause(self.records, self.setup.mode))
-        out = TargetReport(self.name, display_url(self.input.url) if self.name is not None else None, self.setup,
-                           summary, list(self.records), self.input.served, self.comparison)
-        if self.episodes is not None:
-            e = self.episodes
-            ran = {r.id for r in e.records}
-            out.episodes = list(e.records)
-            out.episode_summary = EpisodeSummary.of(e.records, [i for i in e.selected if i not in ran])
+        p = self.probes
+        summary = Summary(tally=p.tally, status=self.verdict.status, why=self.verdict.why, exit_status=exit_status,
+                          not_run=p.not_run,
+                          recompute_reuse_cause=recompute_reuse_cause(p.records, self.setup.mode))  # type: ignore[arg-type]
+        out = TargetReport(name=self.name, url=display_url(self.input.url), setup=self.setup, served=self.input.served,
+                           summary=summary, probes=list(p.records), baseline=p.comparison)  # type: ignore[arg-type]
+        e = self.episodes
+        if e is not None:
+            out.episodes = list(e.records)  # type: ignore[arg-type]
+            out.episode_summary = EpisodeSummary.of(e.records, e.not_run)  # type: ignore[arg-type]
             out.episode_baseline = e.comparison
         return out
 
@@ -288,20 +317,25 @@ class RunResult:
     """Every target's result and the session verdict; ``report()`` builds the run report."""
 
     settings: Settings
-    probe_set: ProbeSet
+    inputs: List[KindInput]  # the probes' first
     targets: List[TargetResult]
     verdict: Verdict
-    checks: List[ProbeRecord] = field(default_factory=list)
-    episodes: Optional[EpisodeInput] = None
-    episode_checks: List[EpisodeRecord] = field(default_factory=list)
 
     @property
     def matrix(self) -> bool:
         return bool(self.settings.targets)
 
+    @property
+    def probe_set(self) -> ProbeSet:
+        assert self.inputs[0].item_set is not None
+        return self.inputs[0].item_set
+
+    def _input(self, kind: Kind) -> Optional[KindInput]:
+        return next((i for i in self.inputs if i.kind == kind), None)
+
     def fail(self, status: Status, why: str) -> None:
-        """Fail a verdict that passed, for a reason outside the records (the gate selected alone, a report
-        that could not be written); a failing verdict keeps its status, with the reason added."""
+        """Fail a verdict that passed, for a reason outside the records (a report that could not be
+        written); a failing verdict keeps its status, with the reason added."""
         targets = [] if self.matrix else self.targets
         for holder in [self, *targets]:
             v = holder.verdict
@@ -309,113 +343,109 @@ class RunResult:
 
     def report(self, exit_status: Optional[int]) -> RunReport:
         created = now()
-        episode_set = self.episodes.episode_set if self.episodes is not None else None
-        episode_checks = list(self.episode_checks)
+        episodes = self._input(EPISODE)
+        episode_set = episodes.item_set if episodes is not None else None  # None: no episode items
+        checks = list(self.inputs[0].checks)
+        episode_checks = list(episodes.checks) if episodes is not None else []
         if not self.matrix:
             t = self.targets[0].report(exit_status)
-            return RunReport(self.settings.public(), self.probe_set, [t], t.summary, created, list(self.checks),
-                             episode_set=episode_set, episode_checks=episode_checks)
+            return RunReport(created=created, settings=self.settings.public(), probe_set=self.probe_set,
+                             summary=t.summary, targets=[t], checks=checks, episode_set=episode_set,
+                             episode_checks=episode_checks)  # type: ignore[arg-type]
         targets = [t.report(None) for t in self.targets]
         first = self.targets[0]
         for result, target in zip(self.targets[1:], targets[1:]):
-            # each target against the first, probe by probe, as against a baseline (where both ran)
-            if result.records and first.records:
-                target.vs_reference = compare(Baseline(first.records, self._env(first), created),
-                                              result.records, self._env(result))
-            if result.episodes and first.episodes and result.episodes.records and first.episodes.records:
+            # each target against the first, item by item, as against a baseline (where both ran)
+            if result.probes.records and first.probes.records:
+                target.vs_reference = compare(Baseline(first.probes.records, self._env(first), created),
+                                              result.probes.records, self._env(result))
+            e, e0 = result.episodes, first.episodes
+            if e is not None and e0 is not None and e.records and e0.records:
                 target.episode_vs_reference = compare(
-                    Baseline(first.episodes.records, self._env(first, episode_set), created), result.episodes.records,
+                    Baseline(e0.records, self._env(first, episode_set), created), e.records,
                     self._env(result, episode_set), unit="episode")
         total = Tally()
         for result in self.targets:
-            total = total + result.tally
-        summary = Summary(total, self.verdict.status, self.verdict.why, exit_status,
-                          [record_key(pid, t.name) for t, r in zip(self.targets, targets) for pid in r.summary.not_run],
-                          None, per_target=True)
-        return RunReport(self.settings.public(), self.probe_set, targets, summary, created, list(self.checks),
-                         matrix=True, episode_set=episode_set, episode_checks=episode_checks)
+            total = total + result.probes.tally
+        summary = Summary(tally=total, status=self.verdict.status, why=self.verdict.why, exit_status=exit_status,
+                          not_run=[record_key(pid, t.name) for t, r in zip(self.targets, targets)
+                                   for pid in r.summary.not_run], per_target=True)
+        return RunReport(created=created, settings=self.settings.public(), probe_set=self.probe_set, summary=summary,
+                         targets=targets, checks=checks, episode_set=episode_set,
+                         episode_checks=episode_checks)  # type: ignore[arg-type]
 
     def _env(self, t: TargetResult, sample: Optional[ProbeSet] = None) -> Mapping[str, object]:
         return env_of(self.settings.public(), t.setup, sample or self.probe_set)
 
 
-def _unexpected(record: Union[ProbeRecord, EpisodeRecord]) -> bool:
+def _unexpected(record: Record) -> bool:
     """A valid record that differed with no reason to expect it: it fails the run (see :func:`expectation`)."""
     return record.outcome == Outcome.DIFFERENT and not record.expected
 
 
-def summarise(settings: Settings, probe_set: ProbeSet, probe_ids: Sequence[str], targets: Sequence[TargetInput],
-              records: Mapping[str, ProbeRecord], checks: Sequence[ProbeRecord], selected: Optional[Sequence[str]],
-              baselines: Mapping[Optional[str], Baseline], interrupted: Union[bool, str],
-              episodes: Optional[EpisodeInput] = None, episode_checks: Sequence[EpisodeRecord] = ()) -> RunResult:
-    """The verdict of every target and of the session. ``records`` are keyed by ``record_key``;
-    ``selected`` holds the record keys of the probe items selected to run (None: all); ``interrupted``
-    may be the text of the verdict saying how the run was interrupted."""
-    chosen = set(selected) if selected is not None else None
-    chosen_episodes = set(episodes.selected) if episodes is not None and episodes.selected is not None else None
-    every: List[Union[ProbeRecord, EpisodeRecord]] = [*records.values(), *checks, *episode_checks]
-    if episodes is not None:
-        every += episodes.records.values()  # every target's: two targets may reach one server
+def _baseline_of(baseline: Optional[Baseline], kind: Kind) -> Optional[Baseline]:
+    """The baseline's side of one kind (None when it measured none of them)."""
+    if baseline is None or kind == PROBE:
+        return baseline
+    if kind == EPISODE and baseline.episodes is not None:
+        return Baseline(records=baseline.episodes, env=baseline.episode_env, created=baseline.created)
+    return None
+
+
+def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence[TargetInput],
+              baselines: Mapping[Optional[str], Baseline], interrupted: Union[bool, str]) -> RunResult:
+    """The verdict of every target and of the session, from what each kind measured (``inputs``, the
+    probes' first) and what was selected but not measured; ``interrupted`` may be the text of the verdict
+    saying how the run was interrupted. A kind without an item set counts only its tests' measurements."""
+    every = [r for i in inputs for r in [*i.records.values(), *i.checks]]  # every target's: two may share a server
+    checks = [c for i in inputs for c in i.checks]
+    inputs, kind_inputs = list(inputs), [i for i in inputs if i.item_set is not None]
     results = []
     for target in targets:
-        keys = [(pid, record_key(pid, target.name)) for pid in probe_ids]
-        mine = [records[k] for _, k in keys if k in records]
-        picked = [pid for pid, k in keys if chosen is None or k in chosen]
-        setup = next((r.run for r in mine if r.run is not None), None) or target.setup \
-            or Setup(None, None)
-        tally = Tally.of(mine)
-        gates: List[Gate] = []
-        if settings.max_rate is not None:
-            gates.append(max_rate_gate(tally, settings.max_rate))
-        comparison = None
         baseline = baselines.get(target.name)
-        if baseline is not None and (mine or target.name is None):  # a deselected matrix target compares nothing
-            comparison = compare(baseline, mine, env_of(settings.public(), setup, probe_set))
-            gates.append(should_fail(comparison, settings.fail_on, unexpected=[r.id for r in mine if _unexpected(r)]))
-        episode_result = None
-        if episodes is not None:
-            ekeys = [(eid, record_key(eid, target.name)) for eid in episodes.ids]
-            emine = [episodes.records[k] for _, k in ekeys if k in episodes.records]
-            epicked = [eid for eid, k in ekeys if chosen_episodes is None or k in chosen_episodes]
-            setup = setup if setup.mode is not None else next(
-                (r.run for r in emine if r.run is not None), None) or setup
-            etally = Tally.of(emine)
-            if settings.max_rate is not None and emine:
-                gates.append(max_rate_gate(etally, settings.max_rate, "trajectory change rate", "episode"))
-            ecomparison = None
-            if baseline is not None and baseline.episodes is not None and (emine or target.name is None):
-                ecomparison = compare(Baseline(baseline.episodes, baseline.episode_env, baseline.created),
-                                      emine, env_of(settings.public(), setup, episodes.episode_set),
-                                      unit="episode")
-                gates.append(should_fail(ecomparison, settings.fail_on, unit="episode",
-                                         unexpected=[r.id for r in emine if _unexpected(r)]))
-            episode_result = EpisodeResult(emine, epicked, etally, ecomparison)
+        mine: Dict[str, List[Record]] = {}
+        keys: Dict[str, List[Tuple[str, str]]] = {}
+        for i in kind_inputs:
+            keys[i.kind.name] = [(id_, record_key(id_, target.name)) for id_ in i.ids]
+            mine[i.kind.name] = [i.records[k] for _, k in keys[i.kind.name] if k in i.records]
+        runs = [next((r.run for r in mine[i.kind.name] if r.run is not None), None) for i in kind_inputs]
+        setup = runs[0] or target.setup or Setup(mode=None, server=None)
+        if setup.mode is None:
+            setup = next((r for r in runs[1:] if r is not None), setup)
+        gates: List[Gate] = []
+        kinds: Dict[str, KindResult] = {}
+        not_measured: List[str] = []
+        for i in kind_inputs:
+            k, records = i.kind, mine[i.kind.name]
+            chosen = set(i.selected) if i.selected is not None else None
+            tally = Tally.of(records)
+            # the probes' rate gate judges even a run without one (it says so); another kind's, when it ran
+            if settings.max_rate is not None and (k == PROBE or records):
+                gates.append(max_rate_gate(tally, settings.max_rate, k))
+            comparison = None
+            base = _baseline_of(baseline, k)
+            if base is not None and (records or target.name is None):  # a deselected target compares nothing
+                comparison = compare(base, records, env_of(settings.public(), setup, i.item_set), unit=k.name)
+                gates.append(should_fail(comparison, settings.fail_on, unit=k.name,
+                                         unexpected=[r.id for r in records if _unexpected(r)]))
+            kinds[k.name] = KindResult(kind=k, records=records, tally=tally, comparison=comparison,
+                                       selected=[id_ for id_, key in keys[k.name] if chosen is None or key in chosen])
+            not_measured += [key for _, key in keys[k.name] if key not in i.records and (chosen is None or key in chosen)]
+        results_of = list(kinds.values())
         if settings.gate_on == "flips":
-            checked = (CheckTally.of(mine), CheckTally.of(episode_result.records) if episode_result else None)
+            checked = [CheckTally.of(kr.records) for kr in results_of]
             if settings.max_flip_rate is not None:
-                gates += [max_flip_rate_gate(t, settings.max_flip_rate, unit)
-                          for t, unit in zip(checked, ("probe", "episode")) if t is not None]
-            if mine or (episode_result and episode_result.records):
-                gates.append(flips_gate(*checked, tally.different + (episode_result.tally.different
-                                                                     if episode_result else 0)))
+                gates += [max_flip_rate_gate(t, settings.max_flip_rate, kr.kind.name)
+                          for t, kr in zip(checked, results_of) if t is not None]
+            if any(kr.records for kr in results_of):
+                gates.append(flips_gate(checked, sum(kr.tally.different for kr in results_of)))
         if settings.record:
-            gates.append(record_gate(tally, episode_result.tally if episode_result is not None else None))
-        erecords = episode_result.records if episode_result is not None else []
-        unexpected = (sum(1 for r in mine if _unexpected(r)), sum(1 for r in erecords if _unexpected(r)))
-        flipped = (sum(1 for r in mine if _unexpected(r) and r.flip), sum(1 for r in erecords if _unexpected(r) and r.flip))
-        not_measured = [k for pid, k in keys if k not in records and (chosen is None or k in chosen)]
-        if episodes is not None:
-            not_measured += [k for _, k in ekeys if k not in episodes.records
-                             and (chosen_episodes is None or k in chosen_episodes)]
-        verdict = judge(tally, settings.min_valid, interrupted, gates or None,
-                        placement_problem(every, target.name),
-                        episode_result.tally if episode_result is not None else None, unexpected, not_measured,
-                        sum(1 for c in [*checks, *episode_checks]
-                            if c.target == target.name and c.outcome == Outcome.ERROR), flipped)
-        results.append(TargetResult(target, mine, picked, setup, tally, verdict, comparison, episode_result))
-    if settings.targets:
-        verdict = combine_verdicts([(str(t.name), t.verdict) for t in results])
-    else:
-        verdict = results[0].verdict
-    result = RunResult(settings, probe_set, results, verdict, list(checks), episodes, list(episode_checks))
-    return result
+            gates.append(record_gate([(kr.kind, kr.tally) for kr in results_of]))
+        counts = [Count(kind=kr.kind, tally=kr.tally, unexpected=sum(1 for r in kr.records if _unexpected(r)),
+                        flipped=sum(1 for r in kr.records if _unexpected(r) and r.flip)) for kr in results_of]
+        verdict = judge(counts, settings.min_valid, interrupted, gates or None, placement_problem(every, target.name),
+                        not_measured, sum(1 for c in checks if c.target == target.name and c.outcome == Outcome.ERROR))
+        results.append(TargetResult(input=target, setup=setup, verdict=verdict, kinds=kinds))
+    verdict = (combine_verdicts([(str(t.name), t.verdict) for t in results]) if settings.targets
+               else results[0].verdict)
+    return RunResult(settings=settings, inputs=inputs, targets=results, verdict=verdict)

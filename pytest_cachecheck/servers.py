@@ -30,9 +30,10 @@ class ServerSetup:
     notes: List[str] = field(default_factory=list)  # what those checks saw
 
     def describe(self) -> Setup:
-        return Setup(self.mode, self.cache.info.describe(),
-                     self.nocache.info.describe() if self.nocache is not None else None,
-                     self.hit_tolerance, list(self.warnings), list(self.notes))
+        return Setup(mode=self.mode, server=self.cache.info.describe(),
+                     nocache_server=self.nocache.info.describe() if self.nocache is not None else None,
+                     hit_tolerance=self.hit_tolerance, setup_warnings=list(self.warnings),
+                     setup_checks=list(self.notes))
 
     def tolerance(self, configured: int) -> int:
         return self.hit_tolerance if self.hit_tolerance is not None else configured

@@ -42,7 +42,8 @@ class CheckSession:
             from .episodes import episode_set_fingerprint
 
             label = "+".join("builtin" if f == "builtin" else Path(f).name for f in settings.episode_files)
-            self.episode_set = ProbeSet(label, len(self.episodes), episode_set_fingerprint(self.episodes))
+            self.episode_set = ProbeSet(name=label, count=len(self.episodes),
+                                        fingerprint=episode_set_fingerprint(self.episodes))
         self.baselines = baselines
         self.served = served
         #: "<probe|episode>@<target>" -> baseline_different(...), as a worker's controller found it
@@ -132,20 +133,15 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Hand
     are detected, so that a plugin registered after this session still counts). Raises ConfigError."""
     probes = list(handoff.probes) if handoff is not None else None
     episodes = list(handoff.episodes) if handoff is not None else None
-    served_url = handoff.served_url if handoff is not None else None
-    serving = bool(raw.get("serve"))
-    if serving:
-        if raw.get("url") or raw.get("nocache_url") or raw.get("target"):
-            raise ConfigError("--cachecheck-serve starts its own llama-server; it conflicts with "
-                              "--cachecheck-url, --cachecheck-target and --cachecheck-nocache-url (ini or "
-                              "CACHECHECK_URL)")
-        from .serve import check_serve_args
-
-        check_serve_args(raw["serve"], raw.get("server_args"))
-        raw["url"] = [served_url or "http://127.0.0.1:1"]
     settings = resolve(raw, base_dir=base_dir)
     if settings is None:
         return None
+    if settings.serve:
+        from .serve import check_serve_args
+
+        check_serve_args(settings.serve, settings.server_args)
+        if handoff is not None and handoff.served_url:  # a worker: the controller's server
+            settings = dataclasses.replace(settings, url=handoff.served_url, replicas=(handoff.served_url,))
     check_outputs(settings, other_outputs or {})
     settings = own_replica(settings)
     try:
@@ -156,7 +152,7 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Hand
     if settings.n is not None:
         probes = probes[: settings.n]
     name = "builtin" if not settings.probe_files else "+".join(Path(p).name for p in settings.probe_files)
-    probe_set = ProbeSet(name, len(probes), probe_set_fingerprint(probes))
+    probe_set = ProbeSet(name=name, count=len(probes), fingerprint=probe_set_fingerprint(probes))
     if settings.episode_files and episodes is None:
         from .episodes import load_episodes
 
@@ -166,7 +162,7 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Hand
             raise ConfigError(f"--cachecheck-episodes: bad episode file: {exc}") from None
     baselines = _baselines(settings) if handoff is None else {}
     served = None
-    if serving and start_server is not None:
+    if settings.serve and start_server is not None:
         assert settings.serve is not None
         served = start_server(settings.serve, settings.server_args, any(e.tools for e in episodes or ()))
         settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))

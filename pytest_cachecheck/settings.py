@@ -480,6 +480,9 @@ SPECS: Dict[str, OptionSpec] = {o.name: o for o in OPTIONS}
 #: with ``s``, the settings). Checked in this order once every option is parsed.
 Rule = Tuple[Callable[[Settings, Mapping[str, Any]], Any], str]
 RULES: Tuple[Rule, ...] = (
+    (lambda s, raw: s.serve and (_listed(raw.get("url")) or raw.get("nocache_url") or _listed(raw.get("target"))),
+     ("--cachecheck-serve starts its own llama-server; it conflicts with --cachecheck-url, --cachecheck-target "
+      "and --cachecheck-nocache-url (ini or CACHECHECK_URL)")),
     (lambda s, raw: s.targets and _listed(raw.get("url")),
      ("--cachecheck-target (ini cachecheck_target) names every server of a target matrix; it conflicts with "
       "--cachecheck-url (ini cachecheck_url, env CACHECHECK_URL): give the first server as a target too")),
@@ -517,6 +520,10 @@ RULES: Tuple[Rule, ...] = (
     (lambda s, raw: s.max_flip_rate is not None and s.gate_on != "flips",
      "--cachecheck-max-flip-rate gates the run on flips; it conflicts with --cachecheck-gate-on divergence"),
 )
+
+
+#: the URL of --cachecheck-serve's server until it has started (nothing is sent to it)
+SERVED_URL = "http://127.0.0.1:1"
 
 
 class RawOptions(Dict[str, Any]):
@@ -560,8 +567,9 @@ def lookup(cli: Getter, ini: Getter, env: Mapping[str, str]) -> Dict[str, Any]:
 
 def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
     """Validate raw values into :class:`Settings`: each option by its spec, then :data:`RULES`. ``None``
-    when no server is given (the plugin stays off, and reads nothing else)."""
-    if not _listed(raw.get("url")) and not _listed(raw.get("target")):
+    when no server is given (the plugin stays off, and reads nothing else). Under ``--cachecheck-serve`` the
+    URL is :data:`SERVED_URL` until the server has started (``session.open_session`` sets it)."""
+    if not _listed(raw.get("url")) and not _listed(raw.get("target")) and not raw.get("serve"):
         if raw.get("nocache_url"):
             raise ConfigError("--cachecheck-nocache-url: needs --cachecheck-url (ini cachecheck_url, "
                               "env CACHECHECK_URL), the server under test")
@@ -569,6 +577,7 @@ def resolve(raw: Mapping[str, Any], *, base_dir: Path) -> Optional[Settings]:
     values = {spec.field: spec.parse(spec.name, raw[spec.name], base_dir)
               for spec in OPTIONS if raw.get(spec.name) is not None}
     targets = values.get("targets", ())
+    values.setdefault("replicas", (SERVED_URL,))  # only under --cachecheck-serve: the others give a server
     values["url"] = targets[0][1] if targets else values["replicas"][0]
     if targets:
         values["replicas"] = ()

@@ -296,6 +296,20 @@ def _episode_lines(t: TargetReport, label: str, baseline_path: Optional[str], ve
     return out
 
 
+def own_lines(report: RunReport) -> List[Out]:
+    """The tests' own measurements (``cachecheck.check()``, ``.episode()``): how they came out, and their
+    outcome checks with the flips (each test decides its own pass or fail; these lines count them)."""
+    own = [*report.checks, *report.episode_checks]
+    if not own:
+        return []
+    t = Tally.of(own)
+    out: List[Out] = [Line(f"tests' own measurements (cachecheck.check(), .episode()): {t.probes} | valid: "
+                           f"{t.valid} (same {t.same}, different {t.different}) | inconclusive: "
+                           f"{t.inconclusive} | errors: {t.errors}")]
+    return out + [Line(line, {"red": "flipped: " in line})
+                  for line in check_lines(CheckTally.of(own), "measurement")]
+
+
 def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], verbose: bool) -> List[Out]:
     """The session summary: counts, rate, causes and warnings, comparisons, the verdict, the result block."""
     out: List[Out] = [Sep("=", "cachecheck summary")]
@@ -324,6 +338,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             out += [Line(line, {"red": "flipped: " in line}) for line in check_lines(t.check_tallies()[0])]
         out += _target_lines(t, "", baseline_path, verbose)
         out += _episode_lines(t, "", baseline_path, verbose)
+    out += own_lines(report)
     if total or not verdict.ok:  # an interrupted run says so even before its first probe
         word = "PASS" if verdict.ok else "FAIL"
         out.append(Line(f"cachecheck verdict: {word} ({verdict.status}): {verdict.why}",

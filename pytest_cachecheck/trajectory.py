@@ -46,7 +46,8 @@ class _Seen:
 def measure_episode(runner: Runner, episode: Episode) -> EpisodeRecord:
     """Measure one episode on the runner's servers. Request failures give outcome 'error'."""
     start = time.monotonic()
-    record = EpisodeRecord(episode.id, episode.source, episode.fingerprint, Outcome.ERROR)
+    record = EpisodeRecord(id=episode.id, source=episode.source, fingerprint=episode.fingerprint,
+                           outcome=Outcome.ERROR)
     seen = _Seen()
     try:
         setup = runner.prepare()
@@ -100,7 +101,7 @@ def _walk(runner: Runner, client: ChatClient, episode: Episode, name: str, field
     """One path through the episode, its own answers fed forward; the path is kept on the record as it
     grows, so what was measured before a failure stays in the report."""
     s = runner.settings
-    path = Path(name)
+    path = Path(name=name)
     record.paths.append(path)
     history = episode.opening()
     sent: List[int] = []
@@ -111,9 +112,10 @@ def _walk(runner: Runner, client: ChatClient, episode: Episode, name: str, field
         reply = client.chat(history, max_tokens=s.max_tokens, cache=fields(step),
                             logprobs=step in logprobs_at, tools=episode.tool_schemas(),
                             tool_choice=episode.choice(step))
-        calls = [ToolCall(n, a) for n, a in reply.tool_calls]
-        path.steps.append(EpisodeStep(step, reply.content, calls, reply.finish_reason, reply.prompt_tokens,
-                                      reply.completion_tokens, reply.cached_tokens))
+        calls = [ToolCall(name=n, arguments=a) for n, a in reply.tool_calls]
+        path.steps.append(EpisodeStep(step=step, content=reply.content, tool_calls=calls,
+                                      finish_reason=reply.finish_reason, prompt_tokens=reply.prompt_tokens,
+                                      completion_tokens=reply.completion_tokens, cached_tokens=reply.cached_tokens))
         if step in logprobs_at:
             seen.logprobs[(name, step)] = reply.logprobs
         MissingCounter.check(reply, f"{name}, step {step}", client, s.skip_hit_check)
@@ -240,7 +242,8 @@ def _judge(setup: ServerSetup, record: EpisodeRecord, seen: _Seen, rules: Rules,
 def _parting(step: int, cache: Path, recompute: Path, cache_lp: Any, recompute_lp: Any) -> Parting:
     n_cache, n_recompute = len(cache.steps), len(recompute.steps)
     if step > n_cache or step > n_recompute:
-        return Parting(step, "length", None, n_cache, n_recompute)
+        return Parting(step=step, what="length", divergence=None, cache_steps=n_cache,
+                       recompute_steps=n_recompute)
     a, b = cache.steps[step - 1], recompute.steps[step - 1]
     names_a, names_b = [c.name for c in a.tool_calls], [c.name for c in b.tool_calls]
     if bool(names_a) != bool(names_b):
@@ -255,12 +258,13 @@ def _parting(step: int, cache: Path, recompute: Path, cache_lp: Any, recompute_l
     else:
         what, text_a, text_b = "text", a.content, b.content
     at = first_difference(text_a, text_b) or 0
-    divergence = Divergence(at, None, excerpt(text_a, at), excerpt(text_b, at))
+    divergence = Divergence(char=at, token=None, cache_excerpt=excerpt(text_a, at),
+                            recompute_excerpt=excerpt(text_b, at))
     parted = _token_parting(cache_lp, recompute_lp)
     if parted is not None:
         divergence.token, (divergence.cache_token, _, divergence.cache_margin), \
             (divergence.recompute_token, _, divergence.recompute_margin) = parted
-    return Parting(step, what, divergence, n_cache, n_recompute)
+    return Parting(step=step, what=what, divergence=divergence, cache_steps=n_cache, recompute_steps=n_recompute)
 
 
 def _rendered(st: EpisodeStep) -> str:

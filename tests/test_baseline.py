@@ -308,7 +308,7 @@ def test_load_baseline_not_utf8(tmp_path: Path) -> None:
     ({"tests": [], "summary": {}}, r"not a pytest-cachecheck report \(no schema_version\)"),
     ({"schema_version": 1, "tool": {"name": "pytest-json-report"}, "probes": []},
      "written by 'pytest-json-report'"),
-    ({"schema_version": 2, "probes": []}, "unsupported schema_version 2; .* reads schema_version 1"),
+    ({"schema_version": 3, "probes": []}, "unsupported schema_version 3; .* reads schema_version 1 and 2"),
     ({"schema_version": "1", "probes": []}, "unsupported schema_version '1'"),
     ({"schema_version": True, "probes": []}, "unsupported schema_version True"),
     ({"schema_version": 1}, "no 'probes' list"),
@@ -348,9 +348,10 @@ def _damaged(edit: Callable[[Dict[str, Any]], None], matrix: bool = False) -> Di
      r"probes\[1\]\.divergence\.char': expected a whole number, got null"),
     (lambda d: d["summary"].update(status="fine"), False, r"summary\.status': unknown value 'fine'"),
     (lambda d: d.update(summary=[]), False, r"summary': expected an object, got list"),
-    (lambda d: d["baseline"]["rows"][0].update(id=7), False,
-     r"baseline\.rows\[0\]\.id': expected a string, got int"),
-    (lambda d: d.update(setup_warnings="one"), False, r"setup_warnings': expected a list, got str"),
+    (lambda d: d["targets"][0]["baseline"]["rows"][0].update(id=7), False,
+     r"targets\[0\]\.baseline\.rows\[0\]\.id': expected a string, got int"),
+    (lambda d: d["targets"][0].update(setup_warnings="one"), False,
+     r"targets\[0\]\.setup_warnings': expected a list, got str"),
     (lambda d: d["targets"][1].pop("name"), True, r"targets\[1\]\.name': expected a string, got null"),
     (lambda d: d["targets"].append("junk"), True, r"targets\[2\]': expected an object, got str"),
     (lambda d: d["targets"][1]["summary"].update(probes=1.5), True,
@@ -780,9 +781,10 @@ def test_episode_baseline_compares_episode_sets_and_names_the_plugin_versions(
     fingerprints = before["episode_set"]["fingerprint"][:19], data["episode_set"]["fingerprint"][:19]
     episode_set = ("warning: episode set fingerprint changed: %s -> %s; only episodes whose conversation is "
                    "unchanged are compared" % fingerprints)
-    assert data["baseline"]["env_warnings"] == [_version_warning("0.0.1")]
-    assert data["episode_baseline"]["env_warnings"] == [episode_set, _version_warning("0.0.1")]
-    rows = {r["id"]: r["status"] for r in data["episode_baseline"]["rows"]}
+    target = data["targets"][0]
+    assert target["baseline"]["env_warnings"] == [_version_warning("0.0.1")]
+    assert target["episode_baseline"]["env_warnings"] == [episode_set, _version_warning("0.0.1")]
+    rows = {r["id"]: r["status"] for r in target["episode_baseline"]["rows"]}
     assert rows == {"walk": "still same", "tea": "new probe"}
     after.stdout.fnmatch_lines(["*cachecheck baseline comparison (*", _version_warning("0.0.1"),
                                 "*cachecheck baseline comparison of the episodes*", episode_set,

@@ -69,8 +69,8 @@ def check_llama_cpp_run(run: Run) -> None:
         assert f"{different + 1} failed" in run.out  # and the gate, with the verdict
     assert run.ret == (1 if different else 0)
     assert f"{different} of 20 valid probes gave a different turn-2 answer on the cache path." in run.out
-    assert run.data["mode"] == "llama.cpp" and run.data["server"]["kind"] == "llama.cpp"
-    assert run.data["server"]["build"] and run.data["server"]["details"]["total_slots"] == 1
+    assert run.target["mode"] == "llama.cpp" and run.target["server"]["kind"] == "llama.cpp"
+    assert run.target["server"]["build"] and run.target["server"]["details"]["total_slots"] == 1
     for probe in run.data["probes"]:
         assert_hits_cover_turn1(probe)
         assert len(probe["requests"]) == 6
@@ -125,7 +125,7 @@ def test_two_servers_mode(plugin_run, llama_servers):
     run.figures("two-servers mode, tiny f32")
     counts = run.counts()
     assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, run.out[-4000:]
-    assert run.data["mode"] == "two-servers" and run.data["nocache_server"]["kind"] == "llama.cpp"
+    assert run.target["mode"] == "two-servers" and run.target["nocache_server"]["kind"] == "llama.cpp"
     for probe in run.data["probes"]:
         assert_hits_cover_turn1(probe)
         assert [r["server"] for r in probe["requests"]] == ["cache", "cache", "nocache"] * 2
@@ -159,7 +159,7 @@ def test_baseline_on_real_runs(plugin_run, llama_servers):
     url = llama_servers("f32").url
     first = plugin_run(f"--cachecheck-url={url}")
     again = plugin_run(f"--cachecheck-url={url}", f"--cachecheck-baseline={first.report}", "--cachecheck-n=8")
-    cmp = again.data["baseline"]
+    cmp = again.target["baseline"]
     assert cmp["verdict"] == "unchanged", again.out[-3000:]
     assert again.ret == 0
     control = llama_servers("f32", "--no-cache-prompt")
@@ -169,7 +169,7 @@ def test_baseline_on_real_runs(plugin_run, llama_servers):
     against_control = plugin_run(f"--cachecheck-url={url}", f"--cachecheck-baseline={control_run.report}",
                                  "--cachecheck-n=8")
     differing = sorted(p["id"] for p in against_control.data["probes"] if p["outcome"] == "different")
-    newly = sorted(r["id"] for r in against_control.data["baseline"]["rows"] if r["status"] == "newly diverged")
+    newly = sorted(r["id"] for r in against_control.target["baseline"]["rows"] if r["status"] == "newly diverged")
     print(f"\nMEASURED baseline (control -> llama.cpp mode, tiny f32): newly diverged {newly}")
     assert newly == differing
     if not differing:
@@ -177,16 +177,21 @@ def test_baseline_on_real_runs(plugin_run, llama_servers):
     assert against_control.ret == 1
     for pid in differing:
         assert pid in against_control.out
-    assert against_control.data["baseline"]["verdict"] == "regressed"
+    assert against_control.target["baseline"]["verdict"] == "regressed"
 
 
 def test_serve_demo(plugin_run, llama_binary):
-    run = plugin_run("--cachecheck-serve=demo", "--cachecheck-n=2")
+    """Under pytest-xdist (the demo without it runs in the release check): the controller starts the server and
+    hands its URL to the workers, which measure on it."""
+    run = plugin_run("--cachecheck-serve=demo", "--cachecheck-n=2", "-n", "2")
     assert "cachecheck: serving the demo model (demo-f32-v1.gguf): tiny, RANDOM weights" in run.out
     assert "cachecheck: mode llama.cpp (auto-detected)" in run.out
-    assert run.data["served"]["demo"] is True and run.data["served"]["log_tail"]
-    assert run.data["served"]["tools"] is False and "--jinja" not in run.data["served"]["command"]
+    assert run.target["served"]["demo"] is True and run.target["served"]["log_tail"]
+    assert run.target["served"]["tools"] is False and "--jinja" not in run.target["served"]["command"]
     assert sum(run.counts().get(k, 0) for k in ("same", "different")) == 2
+    port = run.target["served"]["command"][run.target["served"]["command"].index("--port") + 1]
+    assert {(p["server_url"], p["worker"]) for p in run.data["probes"]} in \
+        ({(f"http://127.0.0.1:{port}", w)} for w in ("gw0", "gw1")), run.data["probes"]
     assert run.ret in (0, 1)
 
 
@@ -255,7 +260,7 @@ def test_model_given_is_checked_against_what_llama_server_serves(pytester, plugi
         run = plugin_run(f"--cachecheck-url={url}", "--cachecheck-n=2",
                          *([f"--cachecheck-model={given}"] if given else []))
         assert sum(run.counts().get(k, 0) for k in ("same", "different")) == 2, run.out[-3000:]
-        assert run.data["server"]["model"] == reported
+        assert run.target["server"]["model"] == reported
         assert f"| model {reported}" in run.out  # the header and the result block
     answered = requests.post(f"{url}/v1/chat/completions", json={"model": "made-up-model", "max_tokens": 1,
                              "messages": [{"role": "user", "content": "hi"}]}, timeout=60).json()

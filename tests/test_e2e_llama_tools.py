@@ -75,7 +75,7 @@ def test_builtin_tool_episodes(llama_binary: str, tmp_path: Path, ftype: str) ->
     with serving(llama_binary, ftype) as (srv,):
         run = tool_run(tmp_path, srv.url, episodes)
     assert sorted(e["id"] for e in run.episodes) == sorted(episodes), run.out[-3000:]
-    assert run.data["probes"] == [] and run.data["mode"] == "llama.cpp"
+    assert run.data["probes"] == [] and run.target["mode"] == "llama.cpp"
     outcomes = run.outcomes()
     assert outcomes["error"] == 0, run.out[-4000:]
     calls: Counter = Counter()
@@ -106,7 +106,7 @@ def test_builtin_tool_episodes(llama_binary: str, tmp_path: Path, ftype: str) ->
     after_call = sum(1 for e in run.episodes for p in e["paths"][::2] for prev in p["steps"][:-1] if prev["tool_calls"])
     assert sum(calls.values()) >= 4 * len(episodes)
     valid = outcomes["same"] + outcomes["different"]
-    s = run.data["episode_summary"]
+    s = run.target["episode_summary"]
     assert (s["valid"], s["changed"], s["inconclusive"], s["errors"]) == \
         (valid, outcomes["different"], outcomes["inconclusive"], 0)
     assert run.ret == (1 if outcomes["different"] or outcomes["inconclusive"] else 0), run.out[-3000:]
@@ -234,7 +234,7 @@ def test_task_sets_flips_counted_again(llama_binary: str, tmp_path: Path) -> Non
     for key, records, answer in (("check_summary", d["probes"], _probe_answer),
                                  ("episode_check_summary", d["episodes"], _episode_answer)):
         mine = _recount(records, specs, answer)
-        theirs = d[key]
+        theirs = run.target[key]
         assert {k: theirs[k] for k in mine} == mine, (key, theirs, mine)
         assert theirs["mcnemar_p"] == mcnemar_exact(mine["cache_fails"], mine["cache_passes"])
         assert all(r["outcome"] == "different" for r in records if r["id"] in mine["flipped"])  # a flip diverged
@@ -257,7 +257,7 @@ def test_serve_demo_with_builtin_episodes_makes_tool_calls(llama_binary: str, tm
     episodes = selected()
     run = run_plugin(tmp_path, "--cachecheck-serve=demo", "--cachecheck-episodes=builtin",
                      "--cachecheck-server-args=-c 8192", "-k", " or ".join(episodes))
-    served = run.data["served"]
+    served = run.target["served"]
     assert (served["model"], served["demo"], served["tools"], served["args"]) == \
         ("tools-f32-v4.gguf", True, True, ["-c", "8192"]), served
     command = served["command"]
@@ -276,7 +276,7 @@ def test_serve_demo_with_builtin_episodes_makes_tool_calls(llama_binary: str, tm
         for st in tool_steps(e):
             assert {c["name"] for c in st["tool_calls"]} <= TOOL_EPISODES[e["id"]], (e["id"], st)
             calls += len(st["tool_calls"])
-    s = run.data["episode_summary"]
+    s = run.target["episode_summary"]
     assert (s["valid"], s["inconclusive"], s["errors"]) == (len(episodes), 0, 0)
     assert run.ret == (1 if outcomes["different"] else 0), run.out[-3000:]
     print(f"\nMEASURED --cachecheck-serve demo, tool episodes: changed {outcomes['different']} of "

@@ -63,9 +63,9 @@ def test_one_server_mode_builtin_probes(plugin_run, sglang_servers):
     different = counts.get("different", 0)
     assert run.ret == (1 if different else 0)
     assert f"{different} of 10 valid probes gave a different turn-2 answer on the cache path." in run.out
-    assert run.data["mode"] == "one-server"
-    assert run.data["server"]["kind"] == "sglang" and run.data["server"]["build"] == "0.5.23"
-    assert run.data["server"]["details"]["page_size"] == 1
+    assert run.target["mode"] == "one-server"
+    assert run.target["server"]["kind"] == "sglang" and run.target["server"]["build"] == "0.5.23"
+    assert run.target["server"]["details"]["page_size"] == 1
     for probe in run.data["probes"]:
         check_requests(probe)
         assert len(probe["requests"]) == 6
@@ -79,7 +79,7 @@ def test_generating_health_is_warned_about(plugin_run, sglang_servers):
     assert "cachecheck: warning: SGLang's /health at" in run.out
     assert "runs a generation (it answered in" in run.out
     assert "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false" in run.out
-    assert any("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" in w for w in run.data["setup_warnings"])
+    assert any("SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION" in w for w in run.target["setup_warnings"])
 
 
 def test_two_servers_mode(plugin_run, sglang_servers):
@@ -89,8 +89,8 @@ def test_two_servers_mode(plugin_run, sglang_servers):
     run.figures("two-servers mode, real SGLang 0.5.23 (recompute on --disable-radix-cache), 32 tokens")
     counts = run.counts()
     assert counts.get("error", 0) == 0 and counts.get("inconclusive", 0) == 0, run.out[-4000:]
-    assert run.data["mode"] == "two-servers" and run.data["nocache_server"]["kind"] == "sglang"
-    assert run.data["nocache_server"]["details"]["disable_radix_cache"] is True
+    assert run.target["mode"] == "two-servers" and run.target["nocache_server"]["kind"] == "sglang"
+    assert run.target["nocache_server"]["details"]["disable_radix_cache"] is True
     for probe in run.data["probes"]:
         check_requests(probe)
         assert [r["server"] for r in probe["requests"]] == ["cache", "cache", "nocache"] * 2  # cache-1, recompute-1, cache-2, recompute-2
@@ -108,7 +108,7 @@ def test_plain_episodes_on_real_sglang(plugin_run, sglang_servers):
     run = plugin_run(f"--cachecheck-url={sglang_servers.url('default')}", *episode_args(EPISODES, 32))
     run.episode_figures("real SGLang 0.5.23, bf16, plain episodes, 32 tokens a step")
     check_episode_run(run, EPISODES, over=1)
-    assert run.data["mode"] == "one-server"
+    assert run.target["mode"] == "one-server"
 
 
 def test_plain_episodes_two_servers_mode_agrees(plugin_run, sglang_servers):
@@ -121,7 +121,7 @@ def test_plain_episodes_two_servers_mode_agrees(plugin_run, sglang_servers):
                      *episode_args(EPISODES, 32))
     two.episode_figures("real SGLang 0.5.23, two-servers mode (recompute on --disable-radix-cache)")
     check_episode_run(two, EPISODES, over=1)
-    assert two.data["mode"] == "two-servers"
+    assert two.target["mode"] == "two-servers"
 
     def parted(run: Run) -> Dict[str, Any]:
         return {e["id"]: e["parting"] and e["parting"]["step"] for e in run.episodes}

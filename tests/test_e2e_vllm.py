@@ -74,15 +74,15 @@ def test_one_server_mode_default_block(plugin_run, vllm_servers):
     run = plugin_run(f"--cachecheck-url={vllm_servers.url('bf16')}", f"--cachecheck-n={N_MAIN}")
     run.figures("one-server mode, bf16, block 128")
     check_valid_run(run, N_MAIN, BLOCK)
-    assert run.data["mode"] == "one-server" and run.data["hit_tolerance"] == BLOCK - 1
-    server = run.data["server"]
+    assert run.target["mode"] == "one-server" and run.target["hit_tolerance"] == BLOCK - 1
+    server = run.target["server"]
     assert server["kind"] == "vllm" and server["build"] == "0.32.0" and server["model"] == "tiny-qwen2"
     assert server["details"] == {"block_size": BLOCK, "enable_prefix_caching": True}
     assert "cachecheck: mode one-server (auto-detected) | server vllm 0.32.0 | model tiny-qwen2 | " \
            "hit_tolerance 127 (raised from 32 for the server's 128-token cache blocks)" in run.out
     assert "| hit_tolerance 127\n" in run.out  # the tolerance in force, on the probes line too
-    assert any(n.startswith("chat template: the turn-2 prompt repeats") for n in run.data["setup_checks"])
-    assert run.data["setup_warnings"] == []
+    assert any(n.startswith("chat template: the turn-2 prompt repeats") for n in run.target["setup_checks"])
+    assert run.target["setup_warnings"] == []
 
 
 def test_turn2_hit_reaches_into_the_turn1_answer(plugin_run, vllm_servers):
@@ -155,8 +155,8 @@ def test_two_servers_mode(plugin_run, vllm_servers):
                      "--cachecheck-n=4")
     run.figures("two-servers mode, bf16 + --no-enable-prefix-caching")
     check_valid_run(run, 4, BLOCK)
-    assert run.data["mode"] == "two-servers"
-    assert run.data["nocache_server"]["details"] == {"block_size": BLOCK, "enable_prefix_caching": False}
+    assert run.target["mode"] == "two-servers"
+    assert run.target["nocache_server"]["details"] == {"block_size": BLOCK, "enable_prefix_caching": False}
     for probe in run.data["probes"]:
         assert [r["server"] for r in probe["requests"]] == ["cache", "cache", "nocache"] * 2  # cache-1, recompute-1, cache-2, recompute-2
 
@@ -201,8 +201,8 @@ def test_block_size_32(plugin_run, vllm_servers):
     run = plugin_run(f"--cachecheck-url={vllm_servers.url('f32-b32')}", "--cachecheck-n=4")
     run.figures("one-server mode, float32, block 32")
     check_valid_run(run, 4, 32)
-    assert run.data["hit_tolerance"] is None and run.data["probes"][0]["checks"]["hit_tolerance"] == 32
-    assert run.data["server"]["details"] == {"block_size": 32, "enable_prefix_caching": True}
+    assert run.target["hit_tolerance"] is None and run.data["probes"][0]["checks"]["hit_tolerance"] == 32
+    assert run.target["server"]["details"] == {"block_size": 32, "enable_prefix_caching": True}
 
 
 #: plain built-in episodes (multi-turn chats, no tools) on real vLLM: a few, to keep CI time small
@@ -217,7 +217,7 @@ def test_plain_episodes_on_real_vllm(plugin_run, vllm_servers):
     run = plugin_run(f"--cachecheck-url={vllm_servers.url('f32-b32')}", *episode_args(EPISODES))
     run.episode_figures("real vLLM 0.32.0, float32, block 32, plain episodes, 64 tokens a step")
     check_episode_run(run, EPISODES)
-    assert run.data["mode"] == "one-server"
+    assert run.target["mode"] == "one-server"
     for e in run.episodes:
         for path in e["paths"]:
             assert all(step["cached_tokens"] % 32 == 0 for step in path["steps"]), (e["id"], path["path"])

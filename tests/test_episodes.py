@@ -337,7 +337,8 @@ def test_builtin_episodes_run_as_items_with_real_tool_calls(pytester, emulator):
     assert result.ret == 0
     data = json.loads((pytester.path / "r.json").read_text())
     assert data["episode_set"]["count"] == 20 and len(data["episodes"]) == 20
-    assert data["episode_summary"]["valid"] == 20 and data["episode_summary"]["changed"] == 0
+    summary = data["targets"][0]["episode_summary"]
+    assert summary["valid"] == 20 and summary["changed"] == 0
     calls = [c for e in data["episodes"] for p in e["paths"] for s in p["steps"] for c in s["tool_calls"]]
     assert len(calls) >= 40  # every tool episode calls at least once on each of its four paths
     weather = next(e for e in data["episodes"] if e["id"] == "weather-walk")
@@ -368,11 +369,12 @@ def test_a_changed_trajectory_fails_and_a_baseline_gates_it(pytester, emulator):
     garden = next(e for e in data["episodes"] if e["id"] == "garden-plan")
     assert garden["outcome"] == "different" and garden["parting"]["step"] == 2
     assert garden["parting"]["divergence"]["cache_margin"] is not None  # logprobs at the parting step
-    assert data["episode_summary"]["parting_steps"] == {"2": 1} and data["episode_baseline"]["newly_diverged"] == [
-        "garden-plan"]
+    target = data["targets"][0]
+    assert target["episode_summary"]["parting_steps"] == {"2": 1}
+    assert target["episode_baseline"]["newly_diverged"] == ["garden-plan"]
     # same episode set, server and settings: nothing to warn of (the probe set's fingerprint is not the
     # episode set's)
-    assert data["episode_baseline"]["env_warnings"] == []
+    assert target["episode_baseline"]["env_warnings"] == []
 
 
 def test_episodes_under_xdist_stay_with_their_server(pytester, emulator):
@@ -385,7 +387,7 @@ def test_episodes_under_xdist_stay_with_their_server(pytester, emulator):
     data = json.loads((pytester.path / "r.json").read_text())
     workers = {r["worker"] for r in data["probes"] + data["episodes"]}
     assert len(workers) == 1 and emu.max_in_flight == 1
-    assert data["episode_summary"]["not_run"] == []
+    assert data["targets"][0]["episode_summary"]["not_run"] == []
 
 
 def test_cachecheck_episode_fixture_and_bad_files(pytester, emulator):

@@ -24,7 +24,8 @@ from pytest_cachecheck.htmlreport import EXPECTED, NEW, STYLES, passed, render_h
 from pytest_cachecheck.model import (STATUSES, VERDICTS, NEAR_TIE_NATS, Outcome, ProbeRecord, ReportError,
                                      RunReport, Status, Tally)
 from pytest_cachecheck.redact import Redactor, display_url
-from pytest_cachecheck.run import TargetInput, judge, summarise
+from pytest_cachecheck.kinds import PROBE
+from pytest_cachecheck.run import Count, KindInput, TargetInput, judge, summarise
 from tests.support import factories as f
 
 SCRIPT = "<script>alert('x')</script>"
@@ -113,8 +114,8 @@ def _everything(report: RunReport) -> RunReport:
 
     def path(name: str, second: str) -> Trajectory:
         call = ToolCall("get_weather", '{"city": "Oslo"}')
-        return Trajectory(name, [EpisodeStep(1, "", [call], "tool_calls", 40, 12, 0),
-                                 EpisodeStep(2, second, [], "stop", 60, 9, 51)], "ran out")
+        return Trajectory(name=name, steps=[EpisodeStep(1, "", [call], "tool_calls", 40, 12, 0),
+                                            EpisodeStep(2, second, [], "stop", 60, 9, 51)], ended="ran out")
 
     report.summary.not_run = ["omitted-probe"]
     report.summary.recompute_reuse_cause = "the recompute path reused the cache"
@@ -123,8 +124,8 @@ def _everything(report: RunReport) -> RunReport:
         t.setup.nocache_server = f.setup(kind="sglang").server
         t.episodes = [EpisodeRecord("walk", "builtin:3", "sha256:w", Outcome.DIFFERENT, "parted at step 2",
                                     Parting(2, "text", Divergence(6, 2, "a", "b"), 2, 2),
-                                    [path("cache-1", "rainy and warm"),
-                                     path("recompute-1", "rainy and cold")]),
+                                    paths=[path("cache-1", "rainy and warm"),
+                                           path("recompute-1", "rainy and cold")]),
                       EpisodeRecord("chat", "builtin:1", "sha256:c", Outcome.SAME, "",
                                     paths=[path("cache-1", "ok"), path("recompute-1", "ok")])]
         t.episode_summary = EpisodeSummary.of(t.episodes)
@@ -347,7 +348,7 @@ def test_pass_or_fail_agrees_with_the_verdicts_the_session_gives() -> None:
              judge(Tally(4, 4), 0.8, unreliable="two workers"),
              judge(Tally(4, 3, 1), 0.8, gates=[(True, "x")]),
              judge(Tally(4, 3, 1), 0.8, gates=[(False, "within")]),
-             judge(Tally(4, 3, 1), 0.8, unexpected=(1, 0)),
+             judge([Count(PROBE, Tally(4, 3, 1), unexpected=1)], 0.8),
              judge(Tally(3, 3), 0.8, not_measured=["p4"])]
     unwritten = f.run([f.record("a", "same")])
     unwritten.fail(Status.UNWRITTEN, "could not write r.json")
@@ -548,8 +549,8 @@ def matrix(url_b: str = "http://gpu-b:8000/v1", warnings_b: Optional[List[str]] 
                         cache="Hello world, the answer is 42.", recompute="Hello world, the answer is 41."),
                f.record("beta-probe", "same", target="b", url=display_url(url_b))]
     inputs = [TargetInput(name, url, setups[name]) for name, url in s.targets]
-    result = summarise(s, f.PROBE_SET, ["alpha-probe", "beta-probe"], inputs, {r.key: r for r in records}, [],
-                       None, baselines or {}, False)
+    result = summarise(s, [KindInput(PROBE, f.PROBE_SET, ["alpha-probe", "beta-probe"], {r.key: r for r in records})],
+                       inputs, baselines or {}, False)
     report = result.report(1)
     report.created = "2026-12-05T00:00:00Z"
     return report
@@ -921,12 +922,13 @@ def test_episodes_side_by_side_with_the_parting_step_marked() -> None:
     from pytest_cachecheck.model import Divergence, EpisodeSummary
 
     def path(name: str, second: str) -> Path:
-        return Path(name, [EpisodeStep(1, "", [ToolCall("get_weather", '{"city": "Oslo"}')], "tool_calls", 40, 12, 0),
-                           EpisodeStep(2, second, [], "stop", 60, 9, 51)], "user turns ran out")
+        return Path(name=name, ended="user turns ran out",
+                    steps=[EpisodeStep(1, "", [ToolCall("get_weather", '{"city": "Oslo"}')], "tool_calls", 40, 12, 0),
+                           EpisodeStep(2, second, [], "stop", 60, 9, 51)])
 
     changed = EpisodeRecord("walk", "builtin:3", "sha256:w", Outcome.DIFFERENT, "parted at step 2",
                             Parting(2, "text", Divergence(6, 2, "a", "b"), 2, 2),
-                            [path("cache-1", f"rainy {SCRIPT}"), path("recompute-1", "rainy and cold")])
+                            paths=[path("cache-1", f"rainy {SCRIPT}"), path("recompute-1", "rainy and cold")])
     same = EpisodeRecord("chat", "builtin:1", "sha256:c", Outcome.SAME, "",
                          paths=[path("cache-1", "ok"), path("recompute-1", "ok")])
     report = make_report([])

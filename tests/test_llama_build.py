@@ -3,6 +3,8 @@ fake ``cmake`` on PATH (the download step replaced by a tiny source package made
 
 from __future__ import annotations
 
+import hashlib
+
 import io
 import os
 import stat
@@ -57,8 +59,9 @@ def test_compile_percent_reads_makefiles_and_ninja():
 
 
 def test_the_cache_key_is_unchanged():
-    # the cached build (~/.cache/pytest-cachecheck/llama-server-11434.0.0-759858599a52) must stay valid
-    assert build_key("11434.0.0") == "759858599a52"
+    # the cached build (~/.cache/pytest-cachecheck/llama-server-11434.0.0-cef985a3ebb3) must stay valid; the
+    # key changed once, from 759858599a52, when the release flag joined it (that build reported b0-unknown)
+    assert build_key("11434.0.0") == "cef985a3ebb3"
 
 
 def fake_cmake(folder: Path, fail_at_percent: bool) -> None:
@@ -159,4 +162,6 @@ def test_the_build_reports_llama_cpp_s_release_from_the_package_version(fake_bui
         configure = next(line for line in log.splitlines() if line.startswith("$ cmake -S "))
         assert configure.endswith(" ".join(llama_server.CMAKE_FLAGS) + (f" {flag}" if flag else ""))
         assert ("-DLLAMA_BUILD_NUMBER" in configure) is (flag is not None)
-    assert build_key("11434.0.0") == "759858599a52"  # the flag follows from the version: same cache key
+    # the key covers the flag: a build configured without it (reporting b0-unknown) is never reused
+    text = "11434.0.0 " + " ".join(llama_server.CMAKE_FLAGS)
+    assert build_key("11434.0.0") != hashlib.sha256(text.encode()).hexdigest()[:12] == "759858599a52"

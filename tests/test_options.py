@@ -78,6 +78,7 @@ def test_options_markdown_is_the_public_table(monkeypatch):
 URL = "http://127.0.0.1:8080"
 # one input per rule, in RULES' order, that breaks that rule and no other
 RULE_CASES: List[Dict[str, Any]] = [
+    {"serve": "demo", "url": [URL]},
     {"url": [URL], "target": ["a=http://h1:1"]},
     {"target": ["a=http://h1:1"], "mode": "two-servers"},
     {"url": [URL], "nocache_url": "http://nc:9000", "mode": "one-server"},

@@ -30,7 +30,8 @@ from pytest_cachecheck.model import (
 from pytest_cachecheck.model import Path as EpisodePath
 from pytest_cachecheck.outcomes import Answer, Expect, Judge, parse_expect
 from pytest_cachecheck.probes import ProbeFileError, load_probe_file, load_probes, named_probes
-from pytest_cachecheck.run import expectation, judge
+from pytest_cachecheck.kinds import EPISODE as EPISODE_KIND, PROBE as PROBE_KIND
+from pytest_cachecheck.run import Count, expectation, judge
 from pytest_cachecheck.settings import Settings
 from pytest_cachecheck.stats import mcnemar_exact
 
@@ -167,8 +168,9 @@ def test_tally_counts_accuracy_flips_and_mcnemar() -> None:
 
 def test_episode_answers_final_text_and_calls() -> None:
     def path(name: str, day: str) -> EpisodePath:
-        return EpisodePath(name, [EpisodeStep(1, "", [ToolCall("get_weather", f'{{"day": "{day}"}}')], "tool_calls", 1, 1, 0),
-                                  EpisodeStep(2, "It rains.", [], "stop", 1, 1, 0)])
+        return EpisodePath(name=name, steps=[
+            EpisodeStep(1, "", [ToolCall("get_weather", f'{{"day": "{day}"}}')], "tool_calls", 1, 1, 0),
+            EpisodeStep(2, "It rains.", [], "stop", 1, 1, 0)])
 
     rec = EpisodeRecord("e", "f:1", "sha256:x", Outcome.DIFFERENT,
                         paths=[path("cache-1", "today"), path("recompute-1", "tomorrow")])
@@ -290,8 +292,11 @@ def test_expectation_under_each_gate(changes: Any, flip_expected: Any, text_expe
 
 def test_verdict_names_flips() -> None:
     t = Tally(3, 1, 2)
-    v = judge(t, 0.0, unexpected=(1, 0), flips=(1, 0))
+    v = judge([Count(PROBE_KIND, t, unexpected=1, flipped=1)], 0.0)
     assert v.status == Status.DIVERGED and v.why == "1 valid probe flipped the outcome of its checks"
-    v = judge(t, 0.0, unexpected=(2, 0), flips=(1, 0))
+    v = judge([Count(PROBE_KIND, t, unexpected=2, flipped=1)], 0.0)
     assert v.why == "2 valid probes gave a different turn-2 answer (1 flipped the outcome of its checks)"
-    assert judge(t, 0.0, unexpected=(2, 0)).why == "2 valid probes gave a different turn-2 answer"
+    assert judge([Count(PROBE_KIND, t, unexpected=2)], 0.0).why == "2 valid probes gave a different turn-2 answer"
+    v = judge([Count(PROBE_KIND, t, unexpected=1), Count(EPISODE_KIND, Tally(2, 0, 2), unexpected=2, flipped=2)], 0.0)
+    assert v.why == ("1 valid probe gave a different turn-2 answer; 2 valid episodes flipped the outcome of their "
+                     "checks")

@@ -107,7 +107,7 @@ def test_flip_fails_first_in_every_output(pytester: pytest.Pytester, flipping: A
         "cachecheck verdict: FAIL (diverged): 3 valid probes gave a different turn-2 answer (2 flipped the outcome "
         "of their checks)"])
     report = json.loads((pytester.path / "r.json").read_text())
-    summary = report["check_summary"]
+    summary = report["targets"][0]["check_summary"]
     assert {k: summary[k] for k in independent_count(report, expects)} == independent_count(report, expects)
     assert summary["flipped"] == ["flip-down", "flip-up"] and summary["mcnemar_p"] == 1.0
     by_id = {p["id"]: p for p in report["probes"]}
@@ -222,6 +222,12 @@ def test_fixture_judge_reports_the_same_way(pytester: pytest.Pytester, emulator:
     result.assert_outcomes(passed=3, deselected=1)
     checks = {c["id"]: c for c in json.loads((pytester.path / "r.json").read_text())["checks"]}
     assert checks["judged"]["check_results"]["flip"] == "cache-fails"
+    # the summary counts the tests' own measurements and their flips (each test decided its own outcome)
+    result.stdout.fnmatch_lines(["tests' own measurements (cachecheck.check(), .episode()): 4 | valid: 4 (same 0, "
+                                 "different 4) | inconclusive: 0 | errors: 0",
+                                 "outcome checks: 2 valid measurements with checks | accuracy: cache path 1/2 "
+                                 "(50.0%), recompute path 2/2 (100.0%) | flips: 1 cache fails, 0 cache passes *",
+                                 "flipped: judged", "outcome checks: 1 measurement whose check could not be evaluated"])
     assert checks["broken"]["check_results"]["cache"]["passed"] is None  # an error of the check, kept
     assert checks["broken"]["check_results"]["flip"] is None
     assert checks["declared"]["check_results"]["checks"] == ["regex '[a-z]'"]
@@ -237,7 +243,7 @@ def test_task_sets_under_xdist_keep_their_checks(pytester: pytest.Pytester, emul
     assert report["probe_set"]["name"] == "tasks" and report["episode_set"]["name"] == "tasks"
     assert [p["id"] for p in report["probes"]] == [p.id for p in named_probes("tasks")]
     assert all(p["check_results"]["checks"] for p in report["probes"] + report["episodes"])
-    assert report["check_summary"]["items"] == report["summary"]["valid"]
-    assert "episode_check_summary" in report, result.stdout.str()[-2000:]
+    assert report["targets"][0]["check_summary"]["items"] == report["summary"]["valid"]
+    assert "episode_check_summary" in report["targets"][0], result.stdout.str()[-2000:]
     result.stdout.fnmatch_lines(["*outcome checks: * valid probes with checks | accuracy: cache path *",
                                  "*outcome checks: * valid episode* with checks | accuracy: *"])

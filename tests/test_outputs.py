@@ -281,8 +281,8 @@ def test_a_comparison_of_100000_rows_lists_the_first_rows_and_keeps_the_counts()
     counts.update({NEWLY_DIVERGED: 300, NOT_RUN: 700, STILL_SAME: 99_000})
     base = report.targets[0].baseline
     assert base is not None
-    report.targets[0].baseline = Comparison(rows, counts, "regressed", "300 newly diverged", 0.0, 99_300,
-                                            99_300)
+    report.targets[0].baseline = Comparison(rows=rows, counts=counts, verdict="regressed", why="300 newly diverged",
+                                            mcnemar_p=0.0, paired=99_300, valid_in_both=99_300)
     page = render_html(report)
     assert len(page.encode("utf-8")) < 1_000_000, len(page)
     assert "newly diverged <b>300</b> | not run <b>700</b> | still same <b>99000</b>" in page

@@ -216,7 +216,7 @@ def test_an_answer_under_another_model_name_is_inconclusive(pytester, emulator):
     bike = data["probes"][1]
     assert (bike["id"], bike["outcome"], bike["reason"]) == ("bike-chain", "inconclusive", reason)
     assert [p["outcome"] for p in data["probes"]] == ["same", "inconclusive", "same"]
-    assert data["server"]["model"] == "emu/tiny-chat"
+    assert data["targets"][0]["server"]["model"] == "emu/tiny-chat"
 
     # an episode: its cache path's second step answered under another name
     emu = emulator(fault={SETUP + 2: "other-model"})
@@ -376,9 +376,12 @@ def test_json_report_and_result_block(pytester, emulator):
     block = result.stdout.str().split("cachecheck result")[1]
     assert emu.url not in block and "127.0.0.1" not in block
     data = json.loads(report.read_text())
-    assert data["schema_version"] == 1
+    assert data["schema_version"] == 2
     assert data["settings"]["url"] == emu.url and "api_key" not in data["settings"]
-    assert data["server"]["kind"] == "vllm" and data["server"]["build"] == "0.34.0"
+    # one server: one target, named null, with the server's URL (without credentials)
+    [target] = data["targets"]
+    assert target["name"] is None and target["url"] == emu.url and target["summary"] == data["summary"]
+    assert target["server"]["kind"] == "vllm" and target["server"]["build"] == "0.34.0"
     assert data["summary"]["different"] == 1 and data["summary"]["exit_status"] == 1
     probe = {p["id"]: p for p in data["probes"]}["bike-chain"]
     assert probe["outcome"] == "different" and probe["divergence"]["char"] >= 0
@@ -478,7 +481,7 @@ def test_baseline_unchanged_new_divergence_and_html(pytester, emulator):
     assert after.ret == 1
     after.stdout.fnmatch_lines(["*bike-chain*newly diverged*", "*regressed*"])
     data = json.loads((pytester.path / "after.json").read_text())
-    assert data["baseline"]["verdict"] == "regressed"
+    assert data["targets"][0]["baseline"]["verdict"] == "regressed"
     assert "bike-chain" in (pytester.path / "after.html").read_text()
     # the same divergence against a baseline that had it too: an expected failure, the session passes
     same_again = pytester.runpytest(f"--cachecheck-url={flips.url}", *SMALL, "--cachecheck-baseline=after.json")
@@ -609,12 +612,12 @@ def test_sglang_generating_health_is_warned(pytester, emulator):
     result.stdout.fnmatch_lines(["cachecheck: warning: SGLang's /health at * runs a generation*"
                                  "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false*",
                                  "setup warning: SGLang's /health*runs a generation*"])
-    assert any("runs a generation" in w for w in json.loads(report.read_text())["setup_warnings"])
+    assert any("runs a generation" in w for w in json.loads(report.read_text())["targets"][0]["setup_warnings"])
     quiet = emulator(flavor="sglang", block_size=1, health_generates=False)
     result = pytester.runpytest(f"--cachecheck-url={quiet.url}", *SMALL, f"--cachecheck-report={report}")
     result.assert_outcomes(passed=4)
     assert "runs a generation" not in result.stdout.str()
-    assert json.loads(report.read_text())["setup_warnings"] == []
+    assert json.loads(report.read_text())["targets"][0]["setup_warnings"] == []
     assert quiet.health_generations == 0
 
 

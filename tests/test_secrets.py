@@ -428,7 +428,7 @@ def test_scrub_data_scrubs_values_not_json_text(tmp_path):
     text = path.read_text(encoding="utf-8")
     back = json.loads(text)
     assert back["probes"][0]["reason"] == "server said ***"
-    assert back["server"]["details"] == {"key-***": ["x***", True, None]}
+    assert back["targets"][0]["server"]["details"] == {"key-***": ["x***", True, None]}
     assert "Lm8" not in text and KEY[:8] not in text
 
 

@@ -314,8 +314,9 @@ def test_judge_never_passes_without_a_valid_probe():
 
 def test_wording_uses_the_right_number():
     from pytest_cachecheck import terminal
+    from pytest_cachecheck.kinds import PROBE
     from pytest_cachecheck.model import Tally
-    from pytest_cachecheck.run import judge
+    from pytest_cachecheck.run import Count, judge
     from tests.support import factories as f
 
     assert terminal.divergence_line(Tally(probes=2, inconclusive=2)) == \
@@ -323,7 +324,7 @@ def test_wording_uses_the_right_number():
     assert terminal.divergence_line(Tally(probes=1, different=1)) == \
         "1 of 1 valid probe gave a different turn-2 answer on the cache path."
     assert terminal.rate_line(Tally(probes=1, same=1)).endswith(", 1 valid probe)")
-    assert judge(Tally(probes=1, different=1), 0.8, unexpected=(1, 0)).why == \
+    assert judge([Count(PROBE, Tally(probes=1, different=1), unexpected=1)], 0.8).why == \
         "1 valid probe gave a different turn-2 answer"
     assert judge(Tally(probes=2, same=1, errors=1), 0.0).why == \
         "1 probe failed with a request or server error"

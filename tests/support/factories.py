@@ -14,7 +14,8 @@ from pytest_cachecheck.baseline import Baseline, env_of, known_different
 from pytest_cachecheck.model import (Checks, Divergence, HitCheck, Outcome, ProbeRecord, ProbeSet, Request,
                                      RunReport, ServerDescription, Setup)
 from pytest_cachecheck.protocol import divergence_message, excerpt, first_difference
-from pytest_cachecheck.run import RunResult, TargetInput, expectation, summarise
+from pytest_cachecheck.kinds import PROBE
+from pytest_cachecheck.run import KindInput, RunResult, TargetInput, expectation, summarise
 from pytest_cachecheck.settings import Settings
 
 URL = "http://127.0.0.1:8000"
@@ -90,7 +91,8 @@ def run(records: Sequence[ProbeRecord] = (), *, s: Optional[Settings] = None,
         ids = [r.id for r in records]
     for r in by_key.values():  # as the plugin does where it makes a record
         r.expected = expectation(r, s, known_different((baselines or {}).get(r.target)))
-    return summarise(s, probe_set, ids, inputs, by_key, list(checks), selected, baselines or {}, interrupted)
+    return summarise(s, [KindInput(PROBE, probe_set, ids, by_key, list(checks), selected)], inputs, baselines or {},
+                     interrupted)
 
 
 def report(records: Sequence[ProbeRecord] = (), exit_status: int = 0, **kwargs: Any) -> RunReport:

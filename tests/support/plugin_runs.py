@@ -29,6 +29,12 @@ class Run:
     report: Path
     seconds: float
 
+    @property
+    def target(self) -> Dict[str, Any]:
+        """The report's only target (a run without a matrix): its setup, summary, comparisons."""
+        assert len(self.data["targets"]) == 1, [t["name"] for t in self.data["targets"]]
+        return self.data["targets"][0]
+
     def counts(self) -> Dict[str, int]:
         return dict(Counter(p["outcome"] for p in self.data["probes"]))
 
@@ -44,7 +50,7 @@ class Run:
         return Counter(e["outcome"] for e in self.episodes)
 
     def episode_figures(self, label: str) -> None:
-        s = self.data["episode_summary"]
+        s = self.target["episode_summary"]
         firsts = [e["parting"]["step"] for e in self.episodes if e["outcome"] == "different"]
         print(f"\nMEASURED episodes, {label}: trajectories changed {s['changed']} of {s['valid']} valid "
               f"({s['inconclusive']} inconclusive, {s['errors']} errors) in {self.seconds:.0f} s; first parting "
@@ -124,7 +130,7 @@ def check_episode_run(run: Run, ids: Tuple[str, ...], over: int = 0, besides: Tu
             parting = e["parting"]
             assert parting["step"] >= 1 and parting["what"] == "text"  # no tools in these episodes
             assert f"episode[{e['id']}]" in run.out and f"parted at step {parting['step']}" in run.out
-    s = run.data["episode_summary"]
+    s = run.target["episode_summary"]
     different = outcomes.count("different")
     assert s["valid"] == outcomes.count("same") + different and s["changed"] == different
     assert f"{different} of {s['valid']} valid episodes took a different trajectory" in run.out

@@ -1,0 +1,43 @@
+"""The kinds of measured item: two-turn probes, episodes, and whatever comes next.
+
+A kind is what the verdict, the gates and the summaries call an item of it; everything that holds items holds
+them by kind (``run.KindInput`` / ``run.KindResult``), so a new kind is one :class:`Kind` and its records.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+
+@dataclass(frozen=True)
+class Kind:
+    name: str  # the item's test function, and the word for one: "probe"
+    plural: str
+    differed: str  # what a valid item that differed did (after "3 valid probes")
+    changed: str  # the same, short (after "2 of 20 valid probes")
+    rate_name: str  # what the rate of differing items is called
+
+    @property
+    def none_differed(self) -> str:
+        return f"no valid {self.name} {self.changed}"
+
+
+PROBE = Kind("probe", "probes", "gave a different turn-2 answer", "differed", "divergence rate")
+EPISODE = Kind("episode", "episodes", "changed trajectory", "changed trajectory", "trajectory change rate")
+KINDS = (PROBE, EPISODE)
+
+
+def listed(words: Sequence[str], conjunction: str) -> str:
+    """``a``, ``a and b``, ``a, b and c``."""
+    return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} {conjunction} {words[-1]}"
+
+
+def any_of(kinds: Sequence[Kind]) -> str:
+    """``probe``, ``probe or episode``: one item of any of these kinds."""
+    return listed([k.name for k in kinds], "or")
+
+
+def all_of(kinds: Sequence[Kind]) -> str:
+    """``probes``, ``probes and episodes``."""
+    return listed([k.plural for k in kinds], "and")
