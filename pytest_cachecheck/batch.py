@@ -202,7 +202,8 @@ class BatchRunner:
     def run(self, probe: Probe) -> BatchRecord:
         """Measure one probe. Request failures give outcome 'error', never a difference."""
         start = time.monotonic()
-        record = BatchRecord(probe.id, probe.source, probe.fingerprint, Outcome.ERROR, self.shape)
+        record = BatchRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint,
+                             outcome=Outcome.ERROR, shape=self.shape)
         replies: Dict[str, Reply] = {}
         try:
             self._measure(probe, record, replies)
@@ -267,8 +268,9 @@ class BatchRunner:
                 raise _Failed(f"load run {run}: background request {i + 1} of {n} failed: {failure}")
         done = [s for s in spans if s is not None]
         at_send, at_answer = overlap(measured, done)
-        return LoadRun(run, n, at_send, at_answer, measured.answered - measured.sent,
-                       max(s.answered for s in done) - first)
+        return LoadRun(run=run, background=n, in_flight_at_send=at_send, in_flight_at_answer=at_answer,
+                       measured_s=measured.answered - measured.sent,
+                       background_s=max(s.answered for s in done) - first)
 
     def _judge(self, record: BatchRecord, replies: Dict[str, Reply]) -> None:
         bad = untrusted(list(replies.items()))
