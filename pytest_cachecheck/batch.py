@@ -52,9 +52,10 @@ from .validity import (
 KIND = "batch"
 STEPS = ("turn-1", "alone-1/turn-2", "load-1/turn-2", "alone-2/turn-2", "load-2/turn-2")
 
-_WORDS = ("river lantern copper meadow harbor violin glacier orchard compass ember falcon granite hollow island "
-          "juniper kettle ledger marble nectar oyster pepper quarry saddle thistle velvet walnut yarrow zephyr "
-          "anchor basket candle dagger feather garnet helmet indigo jasmine kernel lichen mortar").split()
+_WORDS = ("river lantern copper meadow harbor violin glacier orchard compass ember falcon granite hollow "
+          "island juniper kettle ledger marble nectar oyster pepper quarry saddle thistle velvet walnut "
+          "yarrow zephyr anchor basket candle dagger feather garnet helmet indigo jasmine kernel lichen "
+          "mortar").split()
 
 
 @dataclass(frozen=True)
