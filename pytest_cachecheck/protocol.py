@@ -83,6 +83,25 @@ def _token_parting(a: Optional[List[TokenLogprob]], b: Optional[List[TokenLogpro
     return None
 
 
+def divergence_of(client: ChatClient, a: Reply, b: Reply) -> Optional[Divergence]:
+    """Where answer ``a`` (the cache side of a Divergence) and ``b`` (its recompute side) part, or None when
+    they are the same: the character, an excerpt of each, and the token with both top-2 margins where both
+    replies carry logprobs, else the token index from the server's own tokens where it can say."""
+    at = first_difference(a.content, b.content)
+    if at is None:
+        return None
+    divergence = Divergence(char=at, token=None, cache_excerpt=excerpt(a.content, at),
+                            recompute_excerpt=excerpt(b.content, at))
+    parted = _token_parting(a.logprobs, b.logprobs)
+    if parted is not None:
+        divergence.token, (divergence.cache_token, _, divergence.cache_margin), \
+            (divergence.recompute_token, _, divergence.recompute_margin) = parted
+    else:
+        divergence.token = _first_token_difference(client.token_pieces(a.content),
+                                                   client.token_pieces(b.content))
+    return divergence
+
+
 class Runner:
     """Runs probes against the configured server(s): resolves and checks the setup once, then measures."""
 
@@ -212,20 +231,10 @@ class Runner:
             record.outcome, record.reason = Outcome.INCONCLUSIVE, inconclusive(problems)
             return
         # run 2 repeats run 1 (checked above) and carries the logprobs where they were asked for
-        cache, recompute = replies["cache-2/turn-2"], replies["recompute-2/turn-2"]
-        at = first_difference(cache.content, recompute.content)
-        if at is None:
+        divergence = divergence_of(setup.cache, replies["cache-2/turn-2"], replies["recompute-2/turn-2"])
+        if divergence is None:
             record.outcome = Outcome.SAME
             return
         record.outcome = Outcome.DIFFERENT
-        divergence = Divergence(char=at, token=None, cache_excerpt=excerpt(cache.content, at),
-                                recompute_excerpt=excerpt(recompute.content, at))
-        parted = _token_parting(cache.logprobs, recompute.logprobs)
-        if parted is not None:
-            divergence.token, (divergence.cache_token, _, divergence.cache_margin), \
-                (divergence.recompute_token, _, divergence.recompute_margin) = parted
-        else:
-            divergence.token = _first_token_difference(setup.cache.token_pieces(cache.content),
-                                                       setup.cache.token_pieces(recompute.content))
         record.divergence = divergence
         record.reason = divergence_message(divergence)

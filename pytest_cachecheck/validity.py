@@ -3,8 +3,10 @@
 A measurement is valid when the server's counters can be trusted (no impossible counts), each path repeats
 on its own, every cache-path request after the first reused what the request before it left (its prompt +
 answer - 1, within the tolerance, and past its prompt), the first cache-path request started clean, and no
-recompute-path request reused anything. The callers name the requests; the rules and their words are here.
-Knows nothing about pytest or HTTP.
+recompute-path request reused anything. The batch measurement (batch.py) adds one rule, the load rule: a
+request measured under load was sent while background requests were in flight (:func:`overlap`,
+:func:`under_load`). The callers name the requests; the rules and their words are here. Knows nothing about
+pytest or HTTP.
 """
 
 from __future__ import annotations
@@ -132,3 +134,31 @@ class Rules:
     def no_reuse(where: str, cached: Optional[int]) -> Optional[str]:
         """A recompute-path request must reuse nothing."""
         return f"{where} reused {cached} cached tokens, expected 0" if cached else None
+
+
+@dataclass(frozen=True)
+class Span:
+    """When the client sent a request and when its answer (or failure) came, by ``time.monotonic()``."""
+
+    sent: float
+    answered: float
+
+
+def overlap(measured: Span, background: Sequence[Span]) -> Tuple[int, int]:
+    """(background requests in flight when ``measured`` was sent, those of them still in flight when it was
+    answered), by the client's clock: sent before it, answered after it was sent (or after it was
+    answered)."""
+    at_start = [b for b in background if b.sent < measured.sent < b.answered]
+    return len(at_start), sum(1 for b in at_start if b.answered >= measured.answered)
+
+
+def under_load(where: str, in_flight: int, background: int) -> Optional[str]:
+    """The load rule: a request measured under load must have been sent while at least one background request
+    was in flight, so the server had other work when it arrived. Whether the server then ran it beside that
+    work (a batch) or queued it until a slot was free (computed alone, as with llama-server ``-np 1``) is the
+    server's behaviour under load, which is what is measured; it is not asked that the background outlast
+    it."""
+    if in_flight:
+        return None
+    return (f"{where}: none of the {background} background requests was in flight when it was sent (they "
+            f"ended first); give them more tokens to answer")

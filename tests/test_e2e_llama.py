@@ -9,6 +9,7 @@ made once per session and shared by the tests that read it.
 from __future__ import annotations
 
 import fnmatch
+import time
 from typing import Any, Callable, Dict, Iterator, Tuple
 
 import pytest
@@ -335,3 +336,43 @@ def test_episodes_both_caches_off_control(plugin_run, llama_servers):
     for e in run.data["episodes"]:
         assert all(s["cached_tokens"] == 0 for p in e["paths"] for s in p["steps"])  # really no cache
     assert run.ret == 0
+
+
+def test_batch_measurement_four_slots_and_the_one_slot_control(llama_servers):
+    """The batch measurement (pytest_cachecheck/batch.py) on a real llama-server, tiny F16 model: 6 built-in
+    probes' turn 2 (12 took 5-7 minutes per server on a loaded machine; cut for CI time), cache off, alone and amid 3 background requests, on 4 slots (what the server does is
+    recorded, not assumed) and on 1 slot, the negative control: the measured request queues behind the
+    background and computes alone, so it is valid (sent while they were in flight) and never differs."""
+    from pytest_cachecheck.batch import BatchRunner, BatchShape, summary_line
+    from pytest_cachecheck.clients import detect_server
+    from pytest_cachecheck.clients.http import Http
+    from pytest_cachecheck.model import Tally
+    from pytest_cachecheck.probes import builtin_probes
+
+    shape = BatchShape(concurrent=3, prompt_words=60, max_tokens=64)
+    tallies = {}
+    for slots in (4, 1):
+        server = llama_servers("f16", "-np", str(slots))
+        client = detect_server(Http(server.url, timeout=300), None)
+        assert client.info.details["total_slots"] == slots
+        runner = BatchRunner(client, shape, max_tokens=128)
+        start = time.monotonic()
+        records = [runner.run(p) for p in builtin_probes()[:6]]
+        seconds = time.monotonic() - start
+        tallies[slots] = t = Tally.of(records)  # type: ignore[arg-type]
+        alone = sum(s for r in records for s in r.alone_s) / max(1, 2 * len(records))
+        loaded = sum(x.measured_s for r in records for x in r.loads) / max(1, 2 * len(records))
+        print(f"\nMEASURED batch, {slots} slot(s): {summary_line(records, shape)}; {seconds:.1f} s; measured "
+              f"request {alone:.2f} s alone, {loaded:.2f} s under load (mean)")
+        for r in records:
+            if not r.same:
+                print(f"MEASURED   {r.line()}: {r.reason}")
+        assert t.errors == 0 and t.inconclusive == 0, [r.reason for r in records if not r.valid]
+        for r in records:
+            assert all(q.cached_tokens == 0 for q in r.requests), r.id
+            assert all(x.in_flight_at_send >= 1 for x in r.loads), r.id
+        if slots == 1:  # queued: answered after every background request had ended
+            assert all(x.in_flight_at_answer == 0 for r in records for x in r.loads)
+        else:  # batched: some background was still running when the measured answer came
+            assert any(x.in_flight_at_answer > 0 for r in records for x in r.loads)
+    assert tallies[1].different == 0  # the negative control

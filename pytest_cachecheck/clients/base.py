@@ -134,6 +134,16 @@ class ChatClient:
         """The fields of a request computed from scratch on this server, or None when it has no control."""
         return None
 
+    def unpinned(self) -> Dict[str, Any]:
+        """The fields that let the server run a request on any free slot, beside others in flight (the batch
+        measurement's requests); {} where the kind pins nothing."""
+        return {}
+
+    def no_early_stop(self) -> Dict[str, Any]:
+        """The fields that make a request answer its whole ``max_tokens`` (the batch measurement's background,
+        whose length is its shape's); {} where the kind has none it is known to honour."""
+        return {}
+
     # -- requests -------------------------------------------------------------------------------------
     def chat(self, messages: List[Dict[str, Any]], *, max_tokens: int, cache: Dict[str, Any],
              logprobs: bool = False, tools: Optional[List[Dict[str, Any]]] = None,

@@ -111,6 +111,12 @@ class LlamaCppClient(ChatClient):
     def scratch(self) -> Optional[Dict[str, Any]]:
         return {"cache_prompt": False}
 
+    def unpinned(self) -> Dict[str, Any]:
+        return {"id_slot": -1}  # the body pins slot 0, where concurrent requests would queue
+
+    def no_early_stop(self) -> Dict[str, Any]:
+        return {"ignore_eos": True}
+
     def body(self, messages: List[Dict[str, Any]], max_tokens: int) -> Dict[str, Any]:
         return {"messages": messages, "temperature": 0, "max_tokens": max_tokens, "stream": False,
                 "samplers": ["temperature"], "id_slot": 0}

@@ -26,6 +26,9 @@ class SaltedClient(ChatClient):
     def scratch(self) -> Optional[Dict[str, Any]]:
         return {"cache_salt": new_salt()}
 
+    def no_early_stop(self) -> Dict[str, Any]:
+        return {"ignore_eos": True}
+
     def body(self, messages: List[Dict[str, Any]], max_tokens: int) -> Dict[str, Any]:
         body = super().body(messages, max_tokens)
         # a model's generation_config may carry a repetition penalty that acts even at temperature 0

@@ -91,6 +91,14 @@ class EmulatorConfig:
     # SGLang only: its /tokenize reports the tokenizer's model_max_length as max_model_len (not the context
     # length; srt/entrypoints/openai/serving_tokenize.py:47-52); None = the context length
     tokenizer_max_length: Optional[int] = None
+    # Batching, for the batch measurement's controls. Each generation takes ``compute_seconds`` of wall time
+    # (outside the cache lock, so generations overlap as on a continuous-batching server); ``slots`` bounds
+    # how many compute at once (llama-server -np N; 0 = no bound): the others wait, queued, and compute alone.
+    # ``batch_variant``: a generation that another one overlapped answers differently (from character 40,
+    # as ``diverge_on_hit``'s do), as a server whose kernels' reduction order depends on the batch would.
+    compute_seconds: float = 0.0
+    slots: int = 0
+    batch_variant: bool = False
 
     def __post_init__(self) -> None:
         if self.flavor not in _DEFAULT_VERSIONS:
@@ -101,6 +109,8 @@ class EmulatorConfig:
             )
         if self.block_size < 1:
             raise ValueError("block_size must be >= 1")
+        if self.compute_seconds < 0 or self.slots < 0:
+            raise ValueError("compute_seconds and slots must be >= 0")
         if self.version is None:
             self.version = _DEFAULT_VERSIONS[self.flavor]
         for number, kind in self.fault.items():

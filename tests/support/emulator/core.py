@@ -132,6 +132,10 @@ class Emulator(_Generation):
         self.max_in_flight = 0  # the most that were ever in flight at once (1: no client sent in parallel)
         self._cache = PrefixCache(config.block_size, config.cache_capacity_blocks)
         self._lock = threading.Lock()  # batch size one: one generation at a time
+        # the generations computing now (batching: EmulatorConfig.compute_seconds, slots, batch_variant): each
+        # a one-entry list, set to True when another generation overlapped it
+        self._computing: List[List[bool]] = []
+        self._slots = threading.Semaphore(config.slots) if config.slots else None
         self._count_lock = threading.Lock()
         self._conns: Set[socket.socket] = set()
         self._conns_lock = threading.Lock()

@@ -37,6 +37,10 @@ class _Generation:
     config: EmulatorConfig
     served_requests: int
     _lock: threading.Lock
+    _count_lock: threading.Lock
+    _computing: List[List[bool]]
+    _slots: Optional[threading.Semaphore]
+    _stopping: threading.Event
     _cache: PrefixCache
     _metrics: Dict[str, int]
     _fingerprint: str
@@ -234,6 +238,28 @@ class _Generation:
         markers = [knob] if isinstance(knob, str) else list(knob)
         return any(marker in prompt_text for marker in markers)
 
+    def _compute(self) -> bool:
+        """The generation's compute time (``compute_seconds``, in a slot when ``slots`` bounds them); whether
+        another generation computed at the same time (it was batched)."""
+        cfg = self.config
+        if not cfg.compute_seconds:
+            return False
+        if self._slots is not None:
+            self._slots.acquire()
+        try:
+            mine = [False]
+            with self._count_lock:
+                for other in self._computing:
+                    other[0] = mine[0] = True
+                self._computing.append(mine)
+            self._stopping.wait(cfg.compute_seconds)
+            with self._count_lock:
+                self._computing[:] = [c for c in self._computing if c is not mine]  # by identity
+            return mine[0]
+        finally:
+            if self._slots is not None:
+                self._slots.release()
+
     def _generate(
         self,
         prompt_ids: List[int],
@@ -251,6 +277,7 @@ class _Generation:
         With ``reasoning`` the output is :func:`thinking_output` (reasoning, then the answer) and every output
         token, reasoning included, is counted, cut by ``max_tokens`` and cached like any other."""
         cfg = self.config
+        batched = self._compute()
         with self._lock:
             n_prompt = len(prompt_ids)
             cached = 0
@@ -264,7 +291,7 @@ class _Generation:
             if tools and tool_choice not in (None, "auto", "none"):
                 answer = generate_tool_call(prompt_text, tools, tool_choice, flip)
                 diverged = flip
-            elif flip:
+            elif flip or (batched and cfg.batch_variant):
                 answer = diverged_answer(prompt_text, answer)
                 diverged = True
             full = thinking_output(generate_reasoning(prompt_text), answer) if cfg.reasoning else answer

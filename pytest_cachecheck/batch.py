@@ -1,0 +1,296 @@
+"""The batch measurement: does a probe's answer change when the server has other work in flight?
+
+One probe, the cache off on every request (the kind's own scratch control), so that only the batch differs:
+
+1. turn 1, alone: the conversation's turn-1 answer;
+2. alone run 1: turn 2 (the whole conversation) with nothing else in flight;
+3. load run 1: the same turn 2, sent ``lead_s`` after ``BatchShape.concurrent`` background requests, while
+   they are in flight;
+4. alone run 2 and 5. load run 2: the same again.
+
+The runs are interleaved (alone, load, alone, load) as the cache measurement's are, so that run 2 asks for
+the top-2 logprobs only where run 1's two answers parted, and the anatomy (token, both margins) comes from
+answers that repeat the ones asked without logprobs. Background requests are generated from
+``BatchShape.seed`` (the same for every probe and run), share no text with the measured request, answer
+``BatchShape.max_tokens`` tokens (``ignore_eos`` where the kind honours it) and are finished before the next
+request is sent.
+
+Valid (the rules are in validity.py): the counters can be trusted, the two alone runs repeat, no measured
+request reused cached tokens, and each load run's background was in flight when its measured request was sent
+(:func:`~pytest_cachecheck.validity.under_load`). The load runs need not repeat each other: which steps the
+background shares with the measured request depends on timing, so requiring it would hide the effect
+measured. A valid probe whose answer under load (either run) differs from its answer alone is ``different``.
+A failed request, background ones included, is an ``error``. Knows nothing about pytest.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from .clients import ChatClient, Reply
+from .errors import CachecheckError, RequestError, ServerSetupError, WrongModel
+from .model import Divergence, Outcome, Request, Tally, _Measured
+from .probes import Probe
+from .protocol import divergence_of, first_difference
+from .redact import Redactor
+from .validity import (
+    MissingCounter,
+    Rules,
+    Span,
+    differs,
+    inconclusive,
+    overlap,
+    under_load,
+    untrusted,
+    wrong_model_reason,
+)
+
+KIND = "batch"
+STEPS = ("turn-1", "alone-1/turn-2", "load-1/turn-2", "alone-2/turn-2", "load-2/turn-2")
+
+_WORDS = ("river lantern copper meadow harbor violin glacier orchard compass ember falcon granite hollow "
+          "island juniper kettle ledger marble nectar oyster pepper quarry saddle thistle velvet walnut "
+          "yarrow zephyr anchor basket candle dagger feather garnet helmet indigo jasmine kernel lichen "
+          "mortar").split()
+
+
+@dataclass(frozen=True)
+class BatchShape:
+    """The background traffic: ``concurrent`` requests in flight with each measured one, each a prompt of
+    ``prompt_words`` words answered up to ``max_tokens`` tokens, generated from ``seed``; the measured request
+    is sent ``lead_s`` seconds after them."""
+
+    concurrent: int = 3
+    prompt_words: int = 200
+    max_tokens: int = 256
+    seed: int = 0
+    lead_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("concurrent", "prompt_words", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"the batch shape's {name} must be at least 1, not {getattr(self, name)}")
+        if not 0 <= self.lead_s <= 60:
+            raise ValueError(f"the batch shape's lead_s must be 0 to 60 seconds, not {self.lead_s}")
+
+    def label(self) -> str:
+        """The conditions, as every line about a batch measurement names them."""
+        return (f"batch: {self.concurrent} background request{'s' * (self.concurrent != 1)} of "
+                f"{self.prompt_words} words, up to {self.max_tokens} tokens, seed {self.seed}; cache off")
+
+    def messages(self) -> List[List[Dict[str, str]]]:
+        """The background requests' chat messages, the same for every probe and run of one shape."""
+        out = []
+        for i in range(self.concurrent):
+            rng = random.Random(f"cachecheck-batch:{self.seed}:{i}")
+            words = " ".join(rng.choice(_WORDS) for _ in range(self.prompt_words))
+            out.append([{"role": "user", "content": f"Background task {i + 1}: write a long story that uses "
+                                                    f"these words in order: {words}"}])
+        return out
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"concurrent": self.concurrent, "prompt_words": self.prompt_words,
+                "max_tokens": self.max_tokens, "seed": self.seed, "lead_s": self.lead_s}
+
+
+@dataclass
+class LoadRun:
+    """One load run as the client saw it: its background requests, how many of them were in flight when the
+    measured request was sent and how many still when it was answered, and the seconds each side took."""
+
+    run: int
+    background: int
+    in_flight_at_send: int = 0
+    in_flight_at_answer: int = 0
+    measured_s: float = 0.0  # the measured request, sent to answered
+    background_s: float = 0.0  # the first background request sent to the last answered
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"run": self.run, "background": self.background, "in_flight_at_send": self.in_flight_at_send,
+                "in_flight_at_answer": self.in_flight_at_answer, "measured_s": round(self.measured_s, 3),
+                "background_s": round(self.background_s, 3)}
+
+
+@dataclass
+class BatchRecord(_Measured):
+    """One probe's batch measurement. ``divergence`` reuses the cache measurement's type: its cache side is
+    the answer alone, its recompute side the answer under load (of ``parted_run``)."""
+
+    id: str
+    source: str
+    fingerprint: str
+    outcome: Outcome
+    shape: BatchShape
+    reason: str = ""
+    divergence: Optional[Divergence] = None
+    parted_run: Optional[int] = None  # the load run whose answer the divergence reads
+    requests: List[Request] = field(default_factory=list)  # the measured ones, named by STEPS
+    loads: List[LoadRun] = field(default_factory=list)
+    alone_s: List[float] = field(default_factory=list)  # each alone run's request, sent to answered
+    duration_s: float = 0.0
+    target: Optional[str] = None
+
+    def __repr__(self) -> str:
+        return f"BatchRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
+
+    @property
+    def different(self) -> bool:
+        return self.outcome == Outcome.DIFFERENT
+
+    def line(self) -> str:
+        """``<id> [batch: ...; cache off] <outcome>``: one line naming the conditions it ran under."""
+        return f"{self.id} [{self.shape.label()}] {self.outcome.value}"
+
+    def to_json(self) -> Dict[str, Any]:
+        return {"kind": KIND, "id": self.id, "source": self.source, "fingerprint": self.fingerprint,
+                "outcome": self.outcome.value, "reason": self.reason, "conditions": self.shape.to_json(),
+                "divergence": self.divergence.to_json() if self.divergence else None,
+                "parted_run": self.parted_run, "requests": [r.to_json() for r in self.requests],
+                "loads": [r.to_json() for r in self.loads], "alone_s": [round(s, 3) for s in self.alone_s],
+                "duration_s": round(self.duration_s, 3)}
+
+
+def summary_line(records: Sequence[BatchRecord], shape: BatchShape) -> str:
+    """``batch: ...; cache off: 1 of 12 valid probes answered differently under load: 8.3% (1/12, 95% CI
+    ...); 0 inconclusive, 0 errors``."""
+    t = Tally.of(records)  # type: ignore[arg-type]  # reads .outcome only
+    rate = t.rate
+    said = f": {rate.text()}" if rate is not None else ""
+    return (f"{shape.label()}: {t.different} of {t.valid} valid probes answered differently under "
+            f"load{said}; {t.inconclusive} inconclusive, {t.errors} errors")
+
+
+def batch_message(d: Divergence, run: int) -> str:
+    where = f"character {d.char}" + (f" (token {d.token})" if d.token is not None else "")
+    text = (f"under load (run {run}) the turn-2 answer differed from the answer alone, from {where}\n"
+            f"  alone: {d.cache_excerpt}\n"
+            f"  load:  {d.recompute_excerpt}")
+    if d.cache_token is None or d.recompute_token is None:
+        return text
+    text += f"\n  at token {d.token}: alone {d.cache_token!r} vs load {d.recompute_token!r}"
+    if d.kind is not None:
+        assert d.cache_margin is not None and d.recompute_margin is not None
+        text += (f"; top-2 logprob margin {d.cache_margin:.4f} (alone) and {d.recompute_margin:.4f} (load) "
+                 f"nats: {d.kind}")
+    return text
+
+
+class _Failed(Exception):
+    """A background request failed: the probe is an error, named by the request."""
+
+
+class BatchRunner:
+    """Measures probes' batch effect on one server (``client``), with answers of up to ``max_tokens``."""
+
+    def __init__(self, client: ChatClient, shape: BatchShape, *, max_tokens: int, logprobs: bool = True,
+                 skip_hit_check: bool = False, redactor: Optional[Redactor] = None) -> None:
+        self.client = client
+        self.shape = shape
+        self.max_tokens = max_tokens
+        self.logprobs = logprobs
+        self.skip_hit_check = skip_hit_check
+        self.redactor = redactor or Redactor()
+        self._background = shape.messages()
+
+    def fields(self) -> Dict[str, Any]:
+        """Every request's cache and slot fields: computed from scratch, on any free slot."""
+        return {**(self.client.scratch() or {}), **self.client.unpinned()}
+
+    def run(self, probe: Probe) -> BatchRecord:
+        """Measure one probe. Request failures give outcome 'error', never a difference."""
+        start = time.monotonic()
+        record = BatchRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint,
+                             outcome=Outcome.ERROR, shape=self.shape)
+        replies: Dict[str, Reply] = {}
+        try:
+            self._measure(probe, record, replies)
+            self._judge(record, replies)
+        except WrongModel as exc:
+            record.outcome, record.reason = Outcome.INCONCLUSIVE, self.redactor.scrub(wrong_model_reason(exc))
+        except (RequestError, ServerSetupError, _Failed) as exc:
+            record.outcome, record.reason = Outcome.ERROR, self.redactor.scrub(str(exc))
+        record.duration_s = time.monotonic() - start
+        return record
+
+    def _ask(self, record: BatchRecord, replies: Dict[str, Reply], name: str, messages: List[Dict[str, Any]],
+             logprobs: bool = False) -> Tuple[Reply, Span]:
+        sent = time.monotonic()
+        reply = self.client.chat(messages, max_tokens=self.max_tokens, cache=self.fields(), logprobs=logprobs)
+        span = Span(sent, time.monotonic())
+        replies[name] = reply
+        record.requests.append(reply.request(name, "cache"))
+        MissingCounter.check(reply, name, self.client, self.skip_hit_check)
+        return reply, span
+
+    def _measure(self, probe: Probe, record: BatchRecord, replies: Dict[str, Reply]) -> None:
+        turn1, _ = self._ask(record, replies, "turn-1", probe.turn1_messages())
+        turn2 = probe.turn2_messages(turn1.content)
+        logprobs = False
+        for run in (1, 2):
+            _, alone = self._ask(record, replies, f"alone-{run}/turn-2", turn2, logprobs)
+            record.alone_s.append(alone.answered - alone.sent)
+            record.loads.append(self._under_load(record, replies, run, turn2, logprobs))
+            # run 2 asks for the anatomy's logprobs only where run 1's answers parted
+            logprobs = self.logprobs and replies["alone-1/turn-2"].content != replies["load-1/turn-2"].content
+
+    def _under_load(self, record: BatchRecord, replies: Dict[str, Reply], run: int,
+                    turn2: List[Dict[str, Any]], logprobs: bool) -> LoadRun:
+        """The measured request, sent ``lead_s`` after the background requests, while they are in flight."""
+        n = len(self._background)
+        spans: List[Optional[Span]] = [None] * n
+        failures: List[Optional[Exception]] = [None] * n
+
+        def send(i: int) -> None:
+            sent = time.monotonic()
+            try:
+                self.client.chat(self._background[i], max_tokens=self.shape.max_tokens,
+                                 cache={**self.fields(), **self.client.no_early_stop()})
+            except (CachecheckError, OSError) as exc:  # the HTTP layer raises RequestError; be sure
+                failures[i] = exc
+            spans[i] = Span(sent, time.monotonic())
+
+        threads = [threading.Thread(target=send, args=(i,), name=f"cachecheck-batch-{i}", daemon=True)
+                   for i in range(n)]
+        first = time.monotonic()
+        for t in threads:
+            t.start()
+        try:
+            time.sleep(self.shape.lead_s)
+            _, measured = self._ask(record, replies, f"load-{run}/turn-2", turn2, logprobs)
+        finally:
+            for t in threads:  # the next request is sent alone: every background request has ended
+                t.join()
+        for i, failure in enumerate(failures):
+            if failure is not None:
+                raise _Failed(f"load run {run}: background request {i + 1} of {n} failed: {failure}")
+        done = [s for s in spans if s is not None]
+        at_send, at_answer = overlap(measured, done)
+        return LoadRun(run=run, background=n, in_flight_at_send=at_send, in_flight_at_answer=at_answer,
+                       measured_s=measured.answered - measured.sent,
+                       background_s=max(s.answered for s in done) - first)
+
+    def _judge(self, record: BatchRecord, replies: Dict[str, Reply]) -> None:
+        bad = untrusted(list(replies.items()))
+        if bad:
+            record.outcome, record.reason = Outcome.INCONCLUSIVE, bad
+            return
+        alone = first_difference(replies["alone-1/turn-2"].content, replies["alone-2/turn-2"].content)
+        found = [differs("the two runs alone gave different answers", alone, "character")]
+        found += [Rules.no_reuse(name, replies[name].cached_tokens) for name in STEPS[1:]]
+        found += [under_load(f"load run {x.run}", x.in_flight_at_send, x.background) for x in record.loads]
+        problems = [p for p in found if p]
+        if problems:
+            record.outcome, record.reason = Outcome.INCONCLUSIVE, inconclusive(problems)
+            return
+        for run in (2, 1):  # run 2 carries the logprobs where they were asked for
+            alone_reply, load_reply = replies[f"alone-{run}/turn-2"], replies[f"load-{run}/turn-2"]
+            divergence = divergence_of(self.client, alone_reply, load_reply)
+            if divergence is not None:
+                record.outcome, record.divergence, record.parted_run = Outcome.DIFFERENT, divergence, run
+                record.reason = batch_message(divergence, run)
+                return
+        record.outcome = Outcome.SAME
