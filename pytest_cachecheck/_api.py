@@ -13,7 +13,8 @@ from . import _collect
 from .episodes import Episode
 from .errors import JudgeError, RequestError
 from .interrupts import Interrupts
-from .model import EpisodeRecord, Outcome, ProbeRecord, record_key
+from .kinds import BATCH, EPISODE, PROBE, Kind
+from .model import BatchRecord, EpisodeRecord, Outcome, ProbeRecord, record_key
 from .probes import Probe, parse_probe
 from .redact import display_url
 from .session import CheckSession
@@ -26,6 +27,10 @@ RECORD = "cachecheck"  # user_properties key of a probe record
 CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check() record
 EPISODE_RECORD = "cachecheck_episode"  # user_properties key of an episode record
 EPISODE_CHECK_RECORD = "cachecheck_episode_check"  # of a cachecheck.episode() record
+BATCH_RECORD = "cachecheck_batch"  # user_properties key of a batch record
+#: kind name -> (the user_properties key of its items' records, the record class)
+ITEM_RECORDS = {PROBE.name: (RECORD, ProbeRecord), EPISODE.name: (EPISODE_RECORD, EpisodeRecord),
+                BATCH.name: (BATCH_RECORD, BatchRecord)}
 FLIP = "cachecheck_flip"  # user_properties key (a JUnit property) of an item whose outcome checks flipped
 
 
@@ -42,7 +47,7 @@ class State:
         self.setup_errors: Dict[Optional[str], Optional[str]] = {}
         #: record key -> the record of each probe and episode item this process measured: an item run again
         #: (pytest-rerunfailures) reports its first measurement, so a divergence cannot vanish on a rerun
-        self.measured: Dict[str, Any] = {}
+        self.measured: Dict[Any, Any] = {}  # (kind name, record key) -> record
 
     @property
     def controller_of_workers(self) -> bool:
@@ -54,58 +59,83 @@ STATE = pytest.StashKey[Optional[State]]()
 
 
 def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Probe, Episode],
-            target: Optional[str]) -> Any:
-    """Measure one probe (or episode); under pytest-xdist only once this worker owns its servers. The
+            target: Optional[str], kind: Optional[Kind] = None) -> Any:
+    """Measure one probe (or episode; ``kind`` BATCH: the probe's batch measurement); under pytest-xdist only once this worker owns its servers. The
     record names the server that measured it and the process, and holds no known secret (scrubbed here, once,
     so every output made from it is clean: the plugin's reports, JUnit XML, pytest-json-report). An exception
     the measurement did not expect (a server's answer no parser foresaw) is kept as an error record."""
     worker = _collect.worker_id(config)
-    kind = ProbeRecord if isinstance(case, Probe) else EpisodeRecord
+    kind = kind or (PROBE if isinstance(case, Probe) else EPISODE)
+    cls = ITEM_RECORDS[kind.name][1]
     record: Any = None
     if worker is not None and state.placement is not None:
         for url in (runner.settings.url, runner.settings.nocache_url):
             owner = state.placement.claim(url, worker) if url else None
             if owner is not None and url is not None:
-                record = kind(case.id, case.source, case.fingerprint, Outcome.ERROR, reason=(
+                record = cls(id=case.id, source=case.source, fingerprint=case.fingerprint,
+                             outcome=Outcome.ERROR, reason=(
                     f"not measured: xdist worker {owner} already sends to {display_url(url)} in this session, "
                     f"and requests sent to one server in parallel change answers; the plugin's placement of "
                     f"this test failed (another plugin's scheduler?)"))
                 break
     if record is None:
         try:
-            if isinstance(case, Probe):
+            if kind == BATCH:
+                record = _batch(runner, case, state)
+            elif isinstance(case, Probe):
                 record = runner.run(case)
             else:
                 from .trajectory import measure_episode
 
                 record = measure_episode(runner, case)
         except Exception as exc:  # noqa: BLE001 - a record, not a lost measurement
-            record = kind(case.id, case.source, case.fingerprint, Outcome.ERROR, reason=(
+            record = cls(id=case.id, source=case.source, fingerprint=case.fingerprint, outcome=Outcome.ERROR,
+                         reason=(
                 f"the measurement failed on an unexpected {type(exc).__name__}: {str(exc)[:500]} (the server's "
                 f"answer was not what the plugin can read; please report it)"))
-    if case.expect is not None:
+    if case.expect is not None and kind != BATCH:  # a batch probe's answers are not judged
         record.check_results = case.expect.judge(record)  # on the answers as given, before any scrubbing
     record.target = target
     record.server_url = display_url(runner.settings.url)
     record.worker = worker
     record.run = runner.setup.describe() if runner.setup is not None else None
-    return kind.from_json(state.session.redactor.scrub_data(record.to_json()))
+    return cls.from_json(state.session.redactor.scrub_data(record.to_json()))
 
 
-def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], target: Optional[str]) -> Any:
-    """The record of a probe or episode item: measured once per session (a rerun of the item reports the
+def _batch(runner: Runner, probe: Probe, state: State) -> BatchRecord:
+    """A probe's batch measurement on ``runner``'s server, once its setup is known (a setup error is the
+    record's error, as for a probe)."""
+    from .batch import BatchRunner
+    from .errors import ServerSetupError
+
+    shape = state.session.batch_shape
+    assert shape is not None
+    try:
+        setup = runner.prepare()
+    except (RequestError, ServerSetupError) as exc:
+        return BatchRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint, outcome=Outcome.ERROR,
+                           shape=shape, reason=runner.redactor.scrub(str(exc)))
+    s = runner.settings
+    return BatchRunner(setup.cache, shape, max_tokens=s.max_tokens, logprobs=s.logprobs,
+                       skip_hit_check=s.skip_hit_check, redactor=runner.redactor).run(probe)
+
+
+def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], target: Optional[str],
+                 kind: Optional[Kind] = None) -> Any:
+    """The record of a probe, episode or batch item (``kind``; default by the case): measured once per session (a rerun of the item reports the
     first measurement), its expectation decided once (``run.expectation``), and put on the item for the
     controller's reporter; a failed request errors the item (in setup)."""
     state = request.config.stash[STATE]
     assert state is not None
+    kind = kind or (PROBE if isinstance(case, Probe) else EPISODE)
     key = record_key(case.id, target)
-    record = state.measured.get(key)
+    record = state.measured.get((kind.name, key))
     if record is None:
-        record = measure(request.config, state, state.session.runner(target), case, target)
+        record = measure(request.config, state, state.session.runner(target), case, target, kind)
         record.expected = state.session.expectation(record)
-        state.measured[key] = record
-    request.node.user_properties.append((RECORD if isinstance(case, Probe) else EPISODE_RECORD, record.to_json()))
-    if record.check_results is not None and record.flip:
+        state.measured[(kind.name, key)] = record
+    request.node.user_properties.append((ITEM_RECORDS[kind.name][0], record.to_json()))
+    if getattr(record, "check_results", None) is not None and record.flip:
         request.node.user_properties.append((FLIP, f"{record.flip}: {record.check_results.flip_text()}"))
     if record.outcome == Outcome.ERROR:
         pytest.fail(f"cachecheck: {record.reason}", pytrace=False)

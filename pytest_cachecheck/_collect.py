@@ -37,9 +37,11 @@ if TYPE_CHECKING:
     from .session import CheckSession
 
 MODULE = "cachecheck"  # the node id of the synthetic module of probe items
-PROBE, EPISODE = (k.name for k in KINDS)  # the kinds of item, named as their test functions in _items
+PROBE, EPISODE, BATCH = (k.name for k in KINDS)  # the kinds of item, named as their test functions in _items
 GATE_NODEID = f"{MODULE}::{_items.GATE}"
-ITEM_PREFIXES = (f"{MODULE}::{PROBE}[", f"{MODULE}::{EPISODE}[")
+ITEM_PREFIXES = tuple(f"{MODULE}::{k.name}[" for k in KINDS)
+#: kind -> the parameter its item's case comes in (a batch item's case is a probe too)
+PARAMS = {PROBE: "cachecheck_probe", EPISODE: "cachecheck_episode", BATCH: "cachecheck_batch"}
 FIXTURE = "cachecheck"
 #: --dist modes the plugin's scheduler stands in for; ``each`` runs every test on every worker
 DIST_MODES = ("load", "loadscope", "loadfile", "loadgroup", "worksteal")
@@ -56,10 +58,10 @@ def nodeid(kind: str, key: str) -> str:
 
 
 def item_key(item: pytest.Item) -> Optional[Tuple[str, str]]:
-    """(kind, record key) of a probe or episode item; None for any other item."""
+    """(kind, record key) of a probe, episode or batch item; None for any other item."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    for kind, param, cls in ((PROBE, "cachecheck_probe", Probe), (EPISODE, "cachecheck_episode", Episode)):
-        case = params.get(param)
+    for kind, cls in ((PROBE, Probe), (EPISODE, Episode), (BATCH, Probe)):
+        case = params.get(PARAMS[kind])
         if isinstance(case, cls):
             return kind, record_key(case.id, params.get("cachecheck_target"))
     return None
@@ -69,7 +71,8 @@ def nodeids(session: CheckSession) -> Dict[str, Tuple[str, str]]:
     """node id -> (kind, record key) of every probe and episode item the session has: what an xdist
     controller, which collects nothing itself, knows its workers' items by."""
     return {**{nodeid(PROBE, k): (PROBE, k) for k in session.keys()},
-            **{nodeid(EPISODE, k): (EPISODE, k) for k in session.episode_keys()}}
+            **{nodeid(EPISODE, k): (EPISODE, k) for k in session.episode_keys()},
+            **{nodeid(BATCH, k): (BATCH, k) for k in session.batch_keys()}}
 
 
 class ProbeModule(pytest.Module):
@@ -85,10 +88,10 @@ class ProbeModule(pytest.Module):
         return False
 
 
-def collect_probe_items(session: pytest.Session, episodes: bool = False) -> List[pytest.Item]:
-    """The probe (and episode) items, collected from the synthetic module and reported as its collection."""
+def collect_probe_items(session: pytest.Session, episodes: bool = False, batch: bool = False) -> List[pytest.Item]:
+    """The probe (episode, batch) items, collected from the synthetic module and reported as its collection."""
     module = ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid=MODULE, name=MODULE)
-    module.functions = ("probe", "episode") if episodes else ("probe",)
+    module.functions = (PROBE,) + ((EPISODE,) if episodes else ()) + ((BATCH,) if batch else ())
     items: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
     session.config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None,
                                                                         list(items)))
@@ -96,7 +99,7 @@ def collect_probe_items(session: pytest.Session, episodes: bool = False) -> List
 
 
 def sends(item: pytest.Item) -> bool:
-    """Whether running this item sends requests to a server: a probe or episode item, or a test using the
+    """Whether running this item sends requests to a server: a probe, episode or batch item, or a test using the
     ``cachecheck`` fixture."""
     return item.nodeid.startswith(ITEM_PREFIXES) or FIXTURE in getattr(item, "fixturenames", ())
 

@@ -14,16 +14,16 @@ import pytest
 from .model import Outcome
 
 if TYPE_CHECKING:
-    from .model import EpisodeRecord, ProbeRecord, Verdict
+    from .model import BatchRecord, EpisodeRecord, ProbeRecord, Verdict
 
 GATE = "gate"  # the gate item's name: node id ``cachecheck::gate``
 
 
-def _verdict(result: "ProbeRecord | EpisodeRecord") -> None:
-    """An invalid measurement is a skip, an expected divergence (``result.expected``, decided once where the
-    record was made) an xfail, any other divergence a failure."""
+def _verdict(result: "ProbeRecord | EpisodeRecord | BatchRecord", reason: Optional[str] = None) -> None:
+    """An invalid measurement is a skip (with ``reason``, default the record's), an expected divergence
+    (``result.expected``, decided once where the record was made) an xfail, any other divergence a failure."""
     if result.outcome == Outcome.INCONCLUSIVE:
-        pytest.skip(result.reason)
+        pytest.skip(result.reason if reason is None else reason)
     if result.outcome == Outcome.DIFFERENT:
         if result.expected:
             pytest.xfail(f"{result.expected}: {result.message()}")
@@ -38,6 +38,11 @@ def probe(cachecheck_probe: object, cachecheck_probe_result: ProbeRecord) -> Non
 @pytest.mark.cachecheck
 def episode(cachecheck_episode: object, cachecheck_episode_result: EpisodeRecord) -> None:
     _verdict(cachecheck_episode_result)
+
+
+@pytest.mark.cachecheck
+def batch(cachecheck_batch: object, cachecheck_batch_result: BatchRecord) -> None:
+    _verdict(cachecheck_batch_result, cachecheck_batch_result.message())  # each message names the conditions
 
 
 class GateItem(pytest.Item):

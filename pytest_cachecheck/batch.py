@@ -15,6 +15,9 @@ answers that repeat the ones asked without logprobs. Background requests are gen
 ``BatchShape.max_tokens`` tokens (``ignore_eos`` where the kind honours it) and are finished before the next
 request is sent.
 
+The records (:class:`~pytest_cachecheck.model.BatchRecord`, its :class:`~pytest_cachecheck.model.BatchShape`
+and :class:`~pytest_cachecheck.model.LoadRun`) are the model's, so the reports read them back.
+
 Valid (the rules are in validity.py): the counters can be trusted, the two alone runs repeat, no measured
 request reused cached tokens, and each load run's background was in flight when its measured request was sent
 (:func:`~pytest_cachecheck.validity.under_load`). The load runs need not repeat each other: which steps the
@@ -25,15 +28,13 @@ A failed request, background ones included, is an ``error``. Knows nothing about
 
 from __future__ import annotations
 
-import random
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .clients import ChatClient, Reply
 from .errors import CachecheckError, RequestError, ServerSetupError, WrongModel
-from .model import Divergence, Outcome, Request, Tally, _Measured
+from .model import BatchRecord, BatchShape, Divergence, LoadRun, Outcome, Tally
 from .probes import Probe
 from .protocol import divergence_of, first_difference
 from .redact import Redactor
@@ -49,110 +50,10 @@ from .validity import (
     wrong_model_reason,
 )
 
+__all__ = ["BatchRecord", "BatchRunner", "BatchShape", "LoadRun", "STEPS", "batch_message", "summary_line"]
+
 KIND = "batch"
 STEPS = ("turn-1", "alone-1/turn-2", "load-1/turn-2", "alone-2/turn-2", "load-2/turn-2")
-
-_WORDS = ("river lantern copper meadow harbor violin glacier orchard compass ember falcon granite hollow "
-          "island juniper kettle ledger marble nectar oyster pepper quarry saddle thistle velvet walnut "
-          "yarrow zephyr anchor basket candle dagger feather garnet helmet indigo jasmine kernel lichen "
-          "mortar").split()
-
-
-@dataclass(frozen=True)
-class BatchShape:
-    """The background traffic: ``concurrent`` requests in flight with each measured one, each a prompt of
-    ``prompt_words`` words answered up to ``max_tokens`` tokens, generated from ``seed``; the measured request
-    is sent ``lead_s`` seconds after them."""
-
-    concurrent: int = 3
-    prompt_words: int = 200
-    max_tokens: int = 256
-    seed: int = 0
-    lead_s: float = 0.2
-
-    def __post_init__(self) -> None:
-        for name in ("concurrent", "prompt_words", "max_tokens"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"the batch shape's {name} must be at least 1, not {getattr(self, name)}")
-        if not 0 <= self.lead_s <= 60:
-            raise ValueError(f"the batch shape's lead_s must be 0 to 60 seconds, not {self.lead_s}")
-
-    def label(self) -> str:
-        """The conditions, as every line about a batch measurement names them."""
-        return (f"batch: {self.concurrent} background request{'s' * (self.concurrent != 1)} of "
-                f"{self.prompt_words} words, up to {self.max_tokens} tokens, seed {self.seed}; cache off")
-
-    def messages(self) -> List[List[Dict[str, str]]]:
-        """The background requests' chat messages, the same for every probe and run of one shape."""
-        out = []
-        for i in range(self.concurrent):
-            rng = random.Random(f"cachecheck-batch:{self.seed}:{i}")
-            words = " ".join(rng.choice(_WORDS) for _ in range(self.prompt_words))
-            out.append([{"role": "user", "content": f"Background task {i + 1}: write a long story that uses "
-                                                    f"these words in order: {words}"}])
-        return out
-
-    def to_json(self) -> Dict[str, Any]:
-        return {"concurrent": self.concurrent, "prompt_words": self.prompt_words,
-                "max_tokens": self.max_tokens, "seed": self.seed, "lead_s": self.lead_s}
-
-
-@dataclass
-class LoadRun:
-    """One load run as the client saw it: its background requests, how many of them were in flight when the
-    measured request was sent and how many still when it was answered, and the seconds each side took."""
-
-    run: int
-    background: int
-    in_flight_at_send: int = 0
-    in_flight_at_answer: int = 0
-    measured_s: float = 0.0  # the measured request, sent to answered
-    background_s: float = 0.0  # the first background request sent to the last answered
-
-    def to_json(self) -> Dict[str, Any]:
-        return {"run": self.run, "background": self.background, "in_flight_at_send": self.in_flight_at_send,
-                "in_flight_at_answer": self.in_flight_at_answer, "measured_s": round(self.measured_s, 3),
-                "background_s": round(self.background_s, 3)}
-
-
-@dataclass
-class BatchRecord(_Measured):
-    """One probe's batch measurement. ``divergence`` reuses the cache measurement's type: its cache side is
-    the answer alone, its recompute side the answer under load (of ``parted_run``)."""
-
-    id: str
-    source: str
-    fingerprint: str
-    outcome: Outcome
-    shape: BatchShape
-    reason: str = ""
-    divergence: Optional[Divergence] = None
-    parted_run: Optional[int] = None  # the load run whose answer the divergence reads
-    requests: List[Request] = field(default_factory=list)  # the measured ones, named by STEPS
-    loads: List[LoadRun] = field(default_factory=list)
-    alone_s: List[float] = field(default_factory=list)  # each alone run's request, sent to answered
-    duration_s: float = 0.0
-    target: Optional[str] = None
-
-    def __repr__(self) -> str:
-        return f"BatchRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
-
-    @property
-    def different(self) -> bool:
-        return self.outcome == Outcome.DIFFERENT
-
-    def line(self) -> str:
-        """``<id> [batch: ...; cache off] <outcome>``: one line naming the conditions it ran under."""
-        return f"{self.id} [{self.shape.label()}] {self.outcome.value}"
-
-    def to_json(self) -> Dict[str, Any]:
-        return {"kind": KIND, "id": self.id, "source": self.source, "fingerprint": self.fingerprint,
-                "outcome": self.outcome.value, "reason": self.reason, "conditions": self.shape.to_json(),
-                "divergence": self.divergence.to_json() if self.divergence else None,
-                "parted_run": self.parted_run, "requests": [r.to_json() for r in self.requests],
-                "loads": [r.to_json() for r in self.loads], "alone_s": [round(s, 3) for s in self.alone_s],
-                "duration_s": round(self.duration_s, 3)}
-
 
 def summary_line(records: Sequence[BatchRecord], shape: BatchShape) -> str:
     """``batch: ...; cache off: 1 of 12 valid probes answered differently under load: 8.3% (1/12, 95% CI

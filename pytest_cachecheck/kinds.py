@@ -17,15 +17,24 @@ class Kind:
     differed: str  # what a valid item that differed did (after "3 valid probes")
     changed: str  # the same, short (after "2 of 20 valid probes")
     rate_name: str  # what the rate of differing items is called
+    word: str = ""  # the word for one item, when it is not ``name``: "batch probe"
+
+    @property
+    def unit(self) -> str:
+        """The word for one item: "probe", "batch probe"."""
+        return self.word or self.name
 
     @property
     def none_differed(self) -> str:
-        return f"no valid {self.name} {self.changed}"
+        return f"no valid {self.unit} {self.changed}"
 
 
 PROBE = Kind("probe", "probes", "gave a different turn-2 answer", "differed", "divergence rate")
 EPISODE = Kind("episode", "episodes", "changed trajectory", "changed trajectory", "trajectory change rate")
-KINDS = (PROBE, EPISODE)
+#: a probe's turn 2 alone and amid other requests, the cache off (batch.py)
+BATCH = Kind("batch", "batch probes", "answered differently amid other requests",
+             "answered differently amid other requests", "batch divergence rate", word="batch probe")
+KINDS = (PROBE, EPISODE, BATCH)
 
 
 def listed(words: Sequence[str], conjunction: str) -> str:
@@ -35,7 +44,7 @@ def listed(words: Sequence[str], conjunction: str) -> str:
 
 def any_of(kinds: Sequence[Kind]) -> str:
     """``probe``, ``probe or episode``: one item of any of these kinds."""
-    return listed([k.name for k in kinds], "or")
+    return listed([k.unit for k in kinds], "or")
 
 
 def all_of(kinds: Sequence[Kind]) -> str:

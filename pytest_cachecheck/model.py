@@ -10,6 +10,7 @@ baseline file, and its errors name the field that is wrong. Nothing here knows p
 from __future__ import annotations
 
 import functools
+import random
 from dataclasses import MISSING, Field, dataclass, field, fields
 from enum import Enum
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple, Type, TypeVar, Union,
@@ -609,6 +610,113 @@ class EpisodeRecord(_Measured):
         return next((p for p in self.paths if p.name == name), None)
 
 
+# -- one batch probe (the measurement is batch.py's) -------------------------------------------------------
+_WORDS = ("river lantern copper meadow harbor violin glacier orchard compass ember falcon granite hollow "
+          "island juniper kettle ledger marble nectar oyster pepper quarry saddle thistle velvet walnut "
+          "yarrow zephyr anchor basket candle dagger feather garnet helmet indigo jasmine kernel lichen "
+          "mortar").split()
+
+
+@dataclass(frozen=True)
+class BatchShape(_Json):
+    """The background traffic: ``concurrent`` requests in flight with each measured one, each a prompt of
+    ``prompt_words`` words answered up to ``max_tokens`` tokens, generated from ``seed``; the measured request
+    is sent ``lead_s`` seconds after them."""
+
+    concurrent: int = 3
+    prompt_words: int = 200
+    max_tokens: int = 256
+    seed: int = 0
+    lead_s: float = 0.2
+
+    def __post_init__(self) -> None:
+        for name in ("concurrent", "prompt_words", "max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"the batch shape's {name} must be at least 1, not {getattr(self, name)}")
+        if not 0 <= self.lead_s <= 60:
+            raise ValueError(f"the batch shape's lead_s must be 0 to 60 seconds, not {self.lead_s}")
+
+    @classmethod
+    def of(cls, settings: Any) -> Optional["BatchShape"]:
+        """The shape a run's settings ask for (--cachecheck-batch and its shape options); None when off."""
+        if settings.batch is None:
+            return None
+        return cls(concurrent=settings.batch, prompt_words=settings.batch_prompt_words,
+                   max_tokens=settings.batch_max_tokens, seed=settings.batch_seed)
+
+    def label(self) -> str:
+        """The conditions, as every line about a batch measurement names them."""
+        return (f"batch: {self.concurrent} background request{'s' * (self.concurrent != 1)} of "
+                f"{self.prompt_words} words, up to {self.max_tokens} tokens, seed {self.seed}; cache off")
+
+    def messages(self) -> List[List[Dict[str, str]]]:
+        """The background requests' chat messages, the same for every probe and run of one shape."""
+        out = []
+        for i in range(self.concurrent):
+            rng = random.Random(f"cachecheck-batch:{self.seed}:{i}")
+            words = " ".join(rng.choice(_WORDS) for _ in range(self.prompt_words))
+            out.append([{"role": "user", "content": f"Background task {i + 1}: write a long story that uses "
+                                                    f"these words in order: {words}"}])
+        return out
+
+
+@dataclass
+class LoadRun(_Json):
+    """One load run as the client saw it: its background requests, how many of them were in flight when the
+    measured request was sent and how many still when it was answered, and the seconds each side took."""
+
+    run: int
+    background: int
+    in_flight_at_send: int = 0
+    in_flight_at_answer: int = 0
+    measured_s: float = _j(default=0.0, write=lambda s: round(s, 3))  # the measured request, sent to answered
+    background_s: float = _j(default=0.0, write=lambda s: round(s, 3))  # first background sent to last answered
+
+
+@dataclass
+class BatchRecord(_Measured):
+    """One probe's batch measurement. ``divergence`` reuses the cache measurement's type: its cache side is
+    the answer alone, its recompute side the answer under load (of ``parted_run``)."""
+
+    id: str
+    source: str = _j(missing="")
+    fingerprint: str = _j(missing="")
+    outcome: Outcome
+    shape: BatchShape = _j(key="conditions", default_factory=BatchShape)
+    reason: str = ""
+    divergence: Optional[Divergence] = None
+    parted_run: Optional[int] = None  # the load run whose answer the divergence reads
+    requests: List[Request] = field(default_factory=list)  # the measured ones, named by batch.STEPS
+    loads: List[LoadRun] = field(default_factory=list)
+    alone_s: List[float] = _j(default_factory=list, write=lambda v: [round(s, 3) for s in v])
+    duration_s: float = _SECONDS
+    target: Optional[str] = _j(default=None, omit=True)
+    server_url: Optional[str] = None
+    worker: Optional[str] = None
+    run: Optional[Setup] = _j(default=None, omit=True)
+    expected: Optional[str] = _j(default=None, omit=True)  # as ProbeRecord.expected
+
+    def __repr__(self) -> str:
+        return f"BatchRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
+
+    @property
+    @_derived(after="id")
+    def kind(self) -> str:
+        return "batch"
+
+    @property
+    def different(self) -> bool:
+        return self.outcome == Outcome.DIFFERENT
+
+    def line(self) -> str:
+        """``<id> [batch: ...; cache off] <outcome>``: one line naming the conditions it ran under."""
+        return f"{self.id} [{self.shape.label()}] {self.outcome.value}"
+
+    def message(self) -> str:
+        """The reason, naming the conditions: what a user sees for this outcome."""
+        return f"[{self.shape.label()}] {self.reason}" if self.reason else ""
+
+
 # -- counts, rates and verdicts ---------------------------------------------------------------------------
 @dataclass
 class Tally(_Json):
@@ -812,6 +920,24 @@ class EpisodeSummary(_Rated, _Json):
         return cls(tally=Tally.of(records), parting_steps=dict(sorted(steps.items())), not_run=list(not_run))
 
 
+@dataclass
+class BatchSummary(_Rated, _Json):
+    """The batch probes' counts, the rate of answers changed amid other requests, and the conditions."""
+
+    tally: Tally = _j(flat={})
+    conditions: BatchShape = _j(default_factory=BatchShape)
+    not_run: List[str] = field(default_factory=list)
+
+    @property  # type: ignore[override]
+    def rate(self) -> Optional[Rate]:
+        return self.tally.rate
+
+    @classmethod
+    def of(cls, records: Sequence["BatchRecord"], shape: BatchShape, not_run: Sequence[str] = ()
+           ) -> "BatchSummary":
+        return cls(tally=Tally.of(records), conditions=shape, not_run=list(not_run))  # type: ignore[arg-type]
+
+
 # -- comparisons (with a baseline, or of a matrix target with the first) ----------------------------------
 STILL_SAME = "still same"
 STILL_DIFFERENT = "still different"
@@ -911,6 +1037,9 @@ class TargetReport(_Json):
     episode_summary: Optional[EpisodeSummary] = _j(default=None, omit=True)
     episode_baseline: Optional[Comparison] = _j(default=None, omit=True)
     episode_vs_reference: Optional[Comparison] = _j(default=None, omit=True)
+    #: the batch probes (None when the batch kind was off) and their summary
+    batches: Optional[List[BatchRecord]] = _j(default=None, write=False, read=False)
+    batch_summary: Optional[BatchSummary] = _j(default=None, omit=True)
 
     def check_tallies(self) -> Tuple[Optional[CheckTally], Optional[CheckTally]]:
         """The outcome checks of the probes and of the episodes (None where none had checks)."""
@@ -967,6 +1096,14 @@ class RunReport(_Json):
         return self.episodes if self.episode_set is not None else None
 
     @property
+    @_derived(after="targets", key="batches", omit=True)
+    def batch_records(self) -> Optional[List[BatchRecord]]:
+        """Every target's batch probes; None when the batch kind was off."""
+        if all(t.batches is None for t in self.targets):
+            return None
+        return [b for t in self.targets for b in t.batches or []]
+
+    @property
     @_derived(after="episode_checks", omit=True)
     def own_check_summary(self) -> Optional[CheckTally]:
         """The outcome checks of the tests' own measurements (``checks``, ``episode_checks``); None when none
@@ -1015,8 +1152,9 @@ class RunReport(_Json):
                 t["name"].string()  # several targets: each has a name
         probes = _typed(List[ProbeRecord], f["probes"])
         episodes = _typed(List[EpisodeRecord], f["episodes"]) if f["episodes"].value is not None else []
+        batches = _typed(List[BatchRecord], f["batches"]) if f["batches"].value is not None else None
         names = {t.name for t in report.targets}
-        for kind, records in (("probes", probes), ("episodes", episodes)):
+        for kind, records in (("probes", probes), ("episodes", episodes), ("batches", batches or [])):
             for i, r in enumerate(records):
                 if r.target not in names:
                     raise ReportError(f"field '{kind}[{i}].target': {str(r.target)[:60]!r} names none of "
@@ -1024,6 +1162,7 @@ class RunReport(_Json):
         for t in report.targets:
             t.probes = [p for p in probes if p.target == t.name]
             t.episodes = [e for e in episodes if e.target == t.name] if report.episode_set is not None else None
+            t.batches = [b for b in batches if b.target == t.name] if batches is not None else None
             t.summary = t.summary or Summary(tally=Tally.of(t.probes), status=Status.PASSED, why="")
         report.summary = report.summary or report.targets[0].summary
         report.probe_set = report.probe_set or ProbeSet(name="?", count=len(probes), fingerprint="")

@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 import pytest
 
 from . import _collect, _items, hookspecs
-from ._api import EPISODE_RECORD, RECORD, STATE, CacheCheck, State, measure_item
+from ._api import BATCH_RECORD, EPISODE_RECORD, RECORD, STATE, CacheCheck, State, measure_item
 from ._collect import Role
 from .episodes import Episode
 from .errors import ConfigError
-from .model import EpisodeRecord, ProbeRecord, record_key
+from .kinds import BATCH
+from .model import BatchRecord, EpisodeRecord, ProbeRecord, record_key
 from .probes import Probe
 from .reporter import Reporter
 from .session import CheckSession, open_session
@@ -236,7 +237,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     state = config.stash.get(STATE, None)
     if state is None:
         return
-    items.extend(_collect.collect_probe_items(session, episodes=bool(state.session.episodes)))
+    items.extend(_collect.collect_probe_items(session, episodes=bool(state.session.episodes),
+                                              batch=state.session.settings.batch is not None))
     worker = _collect.worker_id(config)
     if worker is not None and state.placement is not None:
         state.placement.write_fixture_users(worker, items)
@@ -247,10 +249,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         argname = "cachecheck_probe"
     elif metafunc.function is _items.episode:
         argname = "cachecheck_episode"
+    elif metafunc.function is _items.batch:
+        argname = "cachecheck_batch"  # a batch item's case is a probe
     else:
         return
     cs = _session(metafunc.config)
-    cases: List[Any] = [] if cs is None else cs.probes if argname == "cachecheck_probe" else cs.episodes
+    cases: List[Any] = [] if cs is None else cs.episodes if argname == "cachecheck_episode" else cs.probes
     if cs is not None and cs.settings.targets:
         # the target matrix: every probe on every target, target by target; ids <probe id>@<target>
         pairs = [(p, name) for name in cs.targets for p in cases]
@@ -282,6 +286,14 @@ def cachecheck_episode_result(request: pytest.FixtureRequest, cachecheck_episode
 
 
 @pytest.fixture
+def cachecheck_batch_result(request: pytest.FixtureRequest, cachecheck_batch: Probe,
+                            cachecheck_target: Optional[str]) -> BatchRecord:
+    """Measure the item's probe alone and amid background requests (five measured requests, each load run's
+    background beside); a failed request errors the item here, in setup."""
+    return measure_item(request, cachecheck_batch, cachecheck_target, BATCH)
+
+
+@pytest.fixture
 def cachecheck(request: pytest.FixtureRequest) -> CacheCheck:
     """Run your own prompt-cache checks: ``cachecheck.check(turn1=..., turn2=...)``."""
     state = request.config.stash.get(STATE, None)
@@ -294,10 +306,11 @@ def cachecheck(request: pytest.FixtureRequest) -> CacheCheck:
 @pytest.hookimpl(optionalhook=True)
 def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> Optional[Dict[str, Any]]:
     """The item's record (as in the plugin's JSON report, scrubbed where it was made) as ``metadata.cachecheck``
-    of pytest-json-report's test entry, with ``kind``: ``probe`` or ``episode``."""
+    of pytest-json-report's test entry, with ``kind``: ``probe``, ``episode`` or ``batch``."""
     if call.when != "call" and call.when != "setup":
         return None
+    kinds = {RECORD: "probe", EPISODE_RECORD: "episode", BATCH_RECORD: "batch"}
     for name, value in getattr(item, "user_properties", []):
-        if name in (RECORD, EPISODE_RECORD):
-            return {"cachecheck": {"kind": "episode" if name == EPISODE_RECORD else "probe", **value}}
+        if name in kinds:
+            return {"cachecheck": {"kind": kinds[name], **value}}
     return None

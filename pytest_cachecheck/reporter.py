@@ -16,10 +16,10 @@ from typing import Any, Dict, Generator, List, Optional, Set, Tuple, Type, Union
 import pytest
 
 from . import _collect, _items, terminal
-from ._api import CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD, State
+from ._api import BATCH_RECORD, CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD, State
 from .files import write_report
-from .kinds import EPISODE, PROBE
-from .model import EpisodeRecord, ProbeRecord, RunReport, Status, Verdict
+from .kinds import BATCH, EPISODE, KINDS, PROBE
+from .model import BatchRecord, EpisodeRecord, ProbeRecord, RunReport, Status, Verdict
 from .run import KindInput, RunResult, summarise
 from .session import CheckSession
 from .text import printable
@@ -35,11 +35,12 @@ class JsonRecord(Dict[str, Any]):
         return json.dumps(self)
 
 
-Record = Union[ProbeRecord, EpisodeRecord]
+Record = Union[ProbeRecord, EpisodeRecord, BatchRecord]
 #: user_properties key -> (the kind, whether it is a test's own measurement, the record class)
 PROPERTIES: Dict[str, Tuple[str, bool, Type[Any]]] = {
     RECORD: (PROBE.name, False, ProbeRecord), CHECK_RECORD: (PROBE.name, True, ProbeRecord),
-    EPISODE_RECORD: (EPISODE.name, False, EpisodeRecord), EPISODE_CHECK_RECORD: (EPISODE.name, True, EpisodeRecord)}
+    EPISODE_RECORD: (EPISODE.name, False, EpisodeRecord), EPISODE_CHECK_RECORD: (EPISODE.name, True, EpisodeRecord),
+    BATCH_RECORD: (BATCH.name, False, BatchRecord)}
 
 
 @dataclass
@@ -60,7 +61,7 @@ class Reporter:
         self.controller_of_workers = state.controller_of_workers  # under xdist: the workers run the probes
         #: what the plugin was doing outside the probes, for the verdict of a run interrupted then
         self.stage: Optional[str] = None
-        self.kinds: Dict[str, Collected] = {PROBE.name: Collected(), EPISODE.name: Collected()}
+        self.kinds: Dict[str, Collected] = {k.name: Collected() for k in KINDS}
         self.started: Dict[str, None] = {}  # record keys of the items that started, in order
         self._keys: Optional[Dict[str, Tuple[str, str]]] = None  # item node id -> (kind, record key)
         self.report_errors: List[str] = []
@@ -77,8 +78,10 @@ class Reporter:
 
     def _summarise(self, interrupted: Any) -> RunResult:
         s = self.session
+        batch = s.settings.batch is not None  # the batch kind measures the probes again, amid other requests
         inputs = [KindInput(kind, item_set, [i.id for i in items or ()], got.records, got.checks, got.selected)
-                  for kind, item_set, items in ((PROBE, s.probe_set, s.probes), (EPISODE, s.episode_set, s.episodes))
+                  for kind, item_set, items in ((PROBE, s.probe_set, s.probes), (EPISODE, s.episode_set, s.episodes),
+                                                (BATCH, s.probe_set if batch else None, s.probes if batch else []))
                   for got in [self.kinds[kind.name]]]
         return summarise(s.settings, inputs, s.target_inputs(), s.baselines, interrupted)
 
@@ -139,7 +142,7 @@ class Reporter:
     @pytest.hookimpl(tryfirst=True)  # before anything that prints the outcome: a signal may come between
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # before junitxml reads them; under xdist the controller gets plain dicts back, so wrap here
-        report.user_properties = [(name, JsonRecord(value) if name in (RECORD, CHECK_RECORD)
+        report.user_properties = [(name, JsonRecord(value) if name in (RECORD, CHECK_RECORD, BATCH_RECORD)
                                    and isinstance(value, dict) else value)
                                   for name, value in report.user_properties]
         for name, value in report.user_properties:

@@ -13,15 +13,15 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .baseline import Baseline, compare, env_of, should_fail
 from .identity import server_groups
-from .kinds import EPISODE, PROBE, Kind, all_of, any_of
-from .model import (CheckTally, Comparison, EpisodeRecord, EpisodeSummary, Outcome, ProbeRecord, ProbeSet, RunReport,
-                    Setup, Status, Summary, Tally, TargetReport, Verdict, record_key)
+from .kinds import BATCH, EPISODE, PROBE, Kind, all_of, any_of
+from .model import (BatchRecord, BatchShape, BatchSummary, CheckTally, Comparison, EpisodeRecord, EpisodeSummary, Outcome,
+                    ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally, TargetReport, Verdict, record_key)
 from .redact import display_url
 from .settings import Settings
 from .text import counted
 
 Gate = Tuple[bool, str]  # (fails?, why)
-Record = Union[ProbeRecord, EpisodeRecord]
+Record = Union[ProbeRecord, EpisodeRecord, BatchRecord]
 
 
 def now() -> str:
@@ -41,7 +41,7 @@ def _rate_gate(hits: int, total: int, limit: float, what: str, flag: str, nothin
 def max_rate_gate(t: Tally, max_rate: float, kind: Kind = PROBE) -> Gate:
     """--cachecheck-max-rate: fail when different / valid exceeds max_rate."""
     return _rate_gate(t.different, t.valid, max_rate, kind.rate_name, "--cachecheck-max-rate",
-                      f"no valid {kind.name} to measure a rate on")
+                      f"no valid {kind.unit} to measure a rate on")
 
 
 def max_flip_rate_gate(t: Optional[CheckTally], max_rate: float, unit: str = "probe") -> Gate:
@@ -66,7 +66,7 @@ def flips_gate(checked: Sequence[Optional[CheckTally]], divergences: int) -> Gat
 
 def record_gate(tallies: Sequence[Tuple[Kind, Tally]]) -> Gate:
     """--cachecheck-record: divergences are what a baseline records, never a failure."""
-    what = ", ".join(f"{t.different} of {counted(t.valid, 'valid ' + k.name)} {k.changed}" for k, t in tallies)
+    what = ", ".join(f"{t.different} of {counted(t.valid, 'valid ' + k.unit)} {k.changed}" for k, t in tallies)
     return False, (f"baseline recorded: {what} (expected when recording; later runs compare with it "
                    f"through --cachecheck-baseline)")
 
@@ -146,7 +146,7 @@ def judge(counts: Union[Tally, Sequence[Count]], min_valid: float, interrupted: 
     if any(c.unexpected for c in counts):
         why = []
         for c in counts:
-            n, flipped, unit = c.unexpected, c.flipped, f"valid {c.kind.name}"
+            n, flipped, unit = c.unexpected, c.flipped, f"valid {c.kind.unit}"
             if n and flipped == n:
                 why.append(f"{counted(n, unit)} flipped the outcome of {'its' if n == 1 else 'their'} checks")
             elif n:
@@ -297,7 +297,11 @@ class TargetResult:
     def episodes(self) -> Optional[KindResult]:
         return self.kinds.get(EPISODE.name)
 
-    def report(self, exit_status: Optional[int]) -> TargetReport:
+    @property
+    def batches(self) -> Optional[KindResult]:
+        return self.kinds.get(BATCH.name)
+
+    def report(self, exit_status: Optional[int], shape: Optional[BatchShape] = None) -> TargetReport:
         p = self.probes
         summary = Summary(tally=p.tally, status=self.verdict.status, why=self.verdict.why, exit_status=exit_status,
                           not_run=p.not_run,
@@ -309,6 +313,10 @@ class TargetResult:
             out.episodes = list(e.records)  # type: ignore[arg-type]
             out.episode_summary = EpisodeSummary.of(e.records, e.not_run)  # type: ignore[arg-type]
             out.episode_baseline = e.comparison
+        b = self.batches
+        if b is not None:
+            out.batches = list(b.records)  # type: ignore[arg-type]
+            out.batch_summary = BatchSummary.of(out.batches, shape or BatchShape(), b.not_run)
         return out
 
 
@@ -347,12 +355,13 @@ class RunResult:
         episode_set = episodes.item_set if episodes is not None else None  # None: no episode items
         checks = list(self.inputs[0].checks)
         episode_checks = list(episodes.checks) if episodes is not None else []
+        shape = BatchShape.of(self.settings)
         if not self.matrix:
-            t = self.targets[0].report(exit_status)
+            t = self.targets[0].report(exit_status, shape)
             return RunReport(created=created, settings=self.settings.public(), probe_set=self.probe_set,
                              summary=t.summary, targets=[t], checks=checks, episode_set=episode_set,
                              episode_checks=episode_checks)  # type: ignore[arg-type]
-        targets = [t.report(None) for t in self.targets]
+        targets = [t.report(None, shape) for t in self.targets]
         first = self.targets[0]
         for result, target in zip(self.targets[1:], targets[1:]):
             # each target against the first, item by item, as against a baseline (where both ran)
@@ -435,7 +444,7 @@ def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence
         if settings.gate_on == "flips":
             checked = [CheckTally.of(kr.records) for kr in results_of]
             if settings.max_flip_rate is not None:
-                gates += [max_flip_rate_gate(t, settings.max_flip_rate, kr.kind.name)
+                gates += [max_flip_rate_gate(t, settings.max_flip_rate, kr.kind.unit)
                           for t, kr in zip(checked, results_of) if t is not None]
             if any(kr.records for kr in results_of):
                 gates.append(flips_gate(checked, sum(kr.tally.different for kr in results_of)))

@@ -45,7 +45,7 @@ class ServerSetup:
             found = run_checks(self.cache, self.nocache, skip_hit_check)
         except WrongModel as exc:
             raise ServerSetupError(f"the server setup would spoil the measurement: {exc}") from None
-        self.warnings, self.notes = found.warnings, found.notes
+        self.warnings, self.notes = [*self.warnings, *found.warnings], found.notes
         if found.problems:
             raise ServerSetupError("the server setup would spoil the measurement: " + "; ".join(found.problems))
 
@@ -88,6 +88,14 @@ def resolve(settings: Settings, redactor: Redactor, kinds: Sequence[Type[ChatCli
         nocache = detect_server(_http(s, s.nocache_url, redactor), s.model, prefer=cache.info.model,
                                 kinds=kinds)
     found = problems(mode, cache, nocache)
+    warnings = []
+    shared = getattr(cache, "shared_slots", lambda: None)() if s.batch is not None else None
+    if shared in found:  # the batch kind needs several slots: with one it measures queueing
+        found.remove(shared)
+        warnings.append(f"{shared}; kept as a warning because --cachecheck-batch needs several slots to batch "
+                        f"requests (with one, requests queue and nothing is batched): the probes' own validity "
+                        f"rules still catch a stolen cache state (the cache hit must cover turn 1, else the "
+                        f"probe is inconclusive)")
     tolerance = s.hit_tolerance
     block = cache.block_size()
     if block is not None and block - 1 > tolerance:
@@ -99,7 +107,8 @@ def resolve(settings: Settings, redactor: Redactor, kinds: Sequence[Type[ChatCli
             tolerance = block - 1
     if found:
         raise ServerSetupError("the server setup would spoil the measurement: " + "; ".join(found))
-    return ServerSetup(mode, cache, nocache, tolerance if tolerance != s.hit_tolerance else None)
+    return ServerSetup(mode, cache, nocache, tolerance if tolerance != s.hit_tolerance else None,
+                       warnings=warnings)
 
 
 def _http(settings: Settings, url: str, redactor: Redactor) -> Http:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # the measurement (and requests) are imported only when the p
     from ._collect import Handoff
     from .baseline import Baseline
     from .episodes import Episode
+    from .model import BatchShape
     from .protocol import Runner
     from .run import TargetInput
     from .serve import Served
@@ -71,6 +72,17 @@ class CheckSession:
     def episode_keys(self) -> List[str]:
         return [record_key(e.id, t) for t in self.targets for e in self.episodes]
 
+    def batch_keys(self) -> List[str]:
+        """Every batch item's record key (one per probe and target); none when the batch kind is off."""
+        return self.keys() if self.settings.batch is not None else []
+
+    @property
+    def batch_shape(self) -> Optional["BatchShape"]:
+        """The batch kind's background traffic (--cachecheck-batch and its shape options); None when off."""
+        from .model import BatchShape
+
+        return BatchShape.of(self.settings)
+
     def baseline_different(self, target: Optional[str], episodes: bool = False) -> Dict[str, str]:
         """id -> conversation fingerprint of the probes (or episodes) that differed in the target's
         baseline."""
@@ -82,10 +94,12 @@ class CheckSession:
 
     def expectation(self, record: Any) -> Optional[str]:
         """Why this record's divergence does not fail the run by itself, or None (``run.expectation``)."""
-        from .model import EpisodeRecord
+        from .model import BatchRecord, EpisodeRecord
         from .run import expectation
 
-        known = self.baseline_different(record.target, episodes=isinstance(record, EpisodeRecord))
+        # a baseline's known divergences are probes' and episodes'; a batch probe has none
+        known = ({} if isinstance(record, BatchRecord)
+                 else self.baseline_different(record.target, episodes=isinstance(record, EpisodeRecord)))
         return expectation(record, self.settings, known)
 
     def prepare(self, *, send: bool) -> Dict[Optional[str], Optional[str]]:

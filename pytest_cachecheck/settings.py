@@ -71,6 +71,10 @@ class Settings:
     max_flip_rate: Optional[float] = None
     record: bool = False  # --cachecheck-record: ``report`` is a baseline being recorded
     logprobs: bool = True
+    batch: Optional[int] = None  # background requests in flight with each measured one; None: no batch kind
+    batch_prompt_words: int = 200
+    batch_max_tokens: int = 256
+    batch_seed: int = 0
     hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
     notes: Tuple[str, ...] = ()  # what the plugin made of the values given, for the header
 
@@ -112,6 +116,9 @@ class Settings:
             **({"episode_files": list(self.episode_files)} if self.episode_files else {}),
             **({"gate_on": self.gate_on, "max_flip_rate": self.max_flip_rate} if self.gate_on != GATE_ON[0]
                else {}),
+            **({"batch": self.batch, "batch_prompt_words": self.batch_prompt_words,
+                "batch_max_tokens": self.batch_max_tokens, "batch_seed": self.batch_seed}
+               if self.batch is not None else {}),
         }
 
 
@@ -456,6 +463,19 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("no_logprobs", "--cachecheck-no-logprobs",
                "do not ask for top-2 logprobs on turn-2 requests (they give each divergence its margin)",
                lambda n, v, b: not _bool(n, v or False, b), "logprobs", kind="bool", reproduced=True),
+    OptionSpec("batch", "--cachecheck-batch",
+               "also measure each probe amid N background requests in flight (the batch kind, items "
+               "cachecheck::batch[...]; cache off on every request): does its answer change when the server has "
+               "other work? Default: off", _number(1, 256, whole=True), metavar="N", reproduced=True),
+    OptionSpec("batch_prompt_words", "--cachecheck-batch-prompt-words",
+               "the words of each background request's prompt (with --cachecheck-batch; default 200)",
+               _number(1, 100_000, whole=True), metavar="N", reproduced=True),
+    OptionSpec("batch_max_tokens", "--cachecheck-batch-max-tokens",
+               "the tokens each background request answers, up to (with --cachecheck-batch; default 256)",
+               _number(1, 131072, whole=True), metavar="N", reproduced=True),
+    OptionSpec("batch_seed", "--cachecheck-batch-seed",
+               "the seed the background requests' prompts are generated from (with --cachecheck-batch; "
+               "default 0)", _number(0, 2**31 - 1, whole=True), metavar="N", reproduced=True),
     OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server (at least 8 "
                "printable ASCII characters)", _api_key, env="CACHECHECK_API_KEY", metavar="KEY",
                shown=lambda v: "***"),
@@ -478,6 +498,7 @@ SPECS: Dict[str, OptionSpec] = {o.name: o for o in OPTIONS}
 
 #: What must hold between options, one sentence each: (broken(settings, raw values), the error, formatted
 #: with ``s``, the settings). Checked in this order once every option is parsed.
+BATCH_SHAPE_OPTIONS = ("batch_prompt_words", "batch_max_tokens", "batch_seed")
 Rule = Tuple[Callable[[Settings, Mapping[str, Any]], Any], str]
 RULES: Tuple[Rule, ...] = (
     (lambda s, raw: s.serve and (_listed(raw.get("url")) or raw.get("nocache_url") or _listed(raw.get("target"))),
@@ -517,6 +538,12 @@ RULES: Tuple[Rule, ...] = (
     (lambda s, raw: s.record and raw.get("max_flip_rate") is not None,
      ("--cachecheck-record records a baseline, where divergences do not fail the run; it conflicts with "
       "--cachecheck-max-flip-rate (ini cachecheck_max_flip_rate)")),
+    (lambda s, raw: s.batch is None and any(raw.get(k) is not None for k in BATCH_SHAPE_OPTIONS),
+     ("--cachecheck-batch-prompt-words, --cachecheck-batch-max-tokens and --cachecheck-batch-seed shape the "
+      "batch measurement; they go with --cachecheck-batch N")),
+    (lambda s, raw: s.batch is not None and s.mode == "two-servers",
+     ("--cachecheck-batch measures on one server with its cache off; it conflicts with two-servers mode "
+      "(--cachecheck-nocache-url)")),
     (lambda s, raw: s.max_flip_rate is not None and s.gate_on != "flips",
      "--cachecheck-max-flip-rate gates the run on flips; it conflicts with --cachecheck-gate-on divergence"),
 )

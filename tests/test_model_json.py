@@ -11,8 +11,9 @@ from typing import Any, Dict, List
 import pytest
 
 from pytest_cachecheck import model
-from pytest_cachecheck.model import (CheckResult, CheckResults, Divergence, EpisodeRecord, EpisodeStep,
-                                     EpisodeSummary, Outcome, Parting, Path, ProbeSet, ReportError, RunReport,
+from pytest_cachecheck.model import (BatchRecord, BatchShape, BatchSummary, CheckResult, CheckResults, Divergence,
+                                     EpisodeRecord, EpisodeStep, EpisodeSummary, LoadRun, Outcome, Parting, Path,
+                                     ProbeSet, ReportError, Request, RunReport,
                                      ServerDescription, Setup, Status, Summary, Tally, TargetReport,
                                      ToolCall)
 from tests.support import factories as f
@@ -47,6 +48,19 @@ def _episode(target: str = "") -> EpisodeRecord:
                                    recompute=CheckResult(passed=False, reason="`contains 'warm'` (not in it)")))
 
 
+def _batch(target: str = "") -> BatchRecord:
+    return BatchRecord(
+        id="a", source="builtin:1", fingerprint="sha256:a", outcome=Outcome.DIFFERENT, reason="under load ...",
+        shape=BatchShape(concurrent=2, prompt_words=20, max_tokens=8, seed=7, lead_s=0.1),
+        divergence=Divergence(char=40, token=40, cache_excerpt="a", recompute_excerpt="b"), parted_run=2,
+        requests=[Request(step="turn-1", server="cache", content="hi", finish_reason="stop", prompt_tokens=9, completion_tokens=2,
+                          cached_tokens=0)],
+        loads=[LoadRun(run=1, background=2, in_flight_at_send=2, in_flight_at_answer=1, measured_s=0.5,
+                       background_s=0.75)],
+        alone_s=[0.25, 0.5], duration_s=2.0, target=target or None, server_url="http://127.0.0.1:8000",
+        worker="gw0", run=f.setup(), expected="diverged; the rate gate decides (--cachecheck-max-rate)")
+
+
 def _report() -> RunReport:
     """A report with a baseline comparison, episodes and their summary, checks and a flip."""
     base = f.baseline([f.record("a", "same"), f.record("b", "same")])
@@ -58,6 +72,8 @@ def _report() -> RunReport:
     t.served = {"demo": True, "command": ["llama-server"]}
     t.setup.nocache_server = ServerDescription(kind="llama.cpp", build="b1", model="m", details={"n": 1})
     rep.episode_set = ProbeSet(name="builtin", count=2, fingerprint="sha256:e")
+    t.batches = [_batch()]
+    t.batch_summary = BatchSummary.of(t.batches, t.batches[0].shape, not_run=["b"])
     return rep
 
 
@@ -66,13 +82,15 @@ def _records_of(rep: RunReport) -> Dict[type, Any]:
     t = rep.targets[0]
     probe = next(p for p in t.probes if p.divergence is not None)
     episode = (t.episodes or [])[0]
+    batch = (t.batches or [])[0]
     assert t.baseline is not None and t.episode_summary is not None and t.setup.server is not None
     assert probe.checks is not None and episode.parting is not None and episode.check_results is not None
     found = [rep, t, t.setup, t.setup.server, t.summary, t.summary.tally, t.baseline, t.baseline.rows[0],
              t.baseline.current_rate, rep.probe_set, probe, probe.requests[0], probe.divergence, probe.checks,
              probe.checks.cache_hits[0], episode, episode.paths[0], episode.paths[0].steps[0],
              episode.paths[0].steps[0].tool_calls[0], episode.parting, episode.check_results,
-             episode.check_results.recompute, t.episode_summary]
+             episode.check_results.recompute, t.episode_summary, batch, batch.shape, batch.loads[0],
+             t.batch_summary]
     return {type(x): x for x in found}
 
 
@@ -94,7 +112,7 @@ def test_every_record_class_round_trips() -> None:
     assert not missing, f"add an instance of {missing} to _records_of"
     for cls, obj in found.items():
         if cls is TargetReport:  # a target's records are the report's, written once at the top
-            obj = dataclasses.replace(obj, probes=[], episodes=None)
+            obj = dataclasses.replace(obj, probes=[], episodes=None, batches=None)
         data = _through_json(obj.to_json())
         back = RunReport.from_json(data) if cls is RunReport else cls.from_json(data)
         assert back == obj, cls.__name__

@@ -98,11 +98,16 @@ class LlamaCppClient(ChatClient):
         info.model = wanted
 
     def setup_problems(self) -> List[str]:
+        shared = self.shared_slots()
+        return [shared] if shared else []
+
+    def shared_slots(self) -> Optional[str]:
+        """The setup problem of a server with several slots (None with one): the batch kind needs them."""
         slots = self.info.details.get("total_slots")
         if isinstance(slots, int) and not isinstance(slots, bool) and slots > 1:
-            return [f"llama-server runs {slots} slots that share one cache, so another request can take the "
-                    f"state turn 2 should reuse; start it with -np 1 --cache-ram 0"]
-        return []
+            return (f"llama-server runs {slots} slots that share one cache, so another request can take the "
+                    f"state turn 2 should reuse; start it with -np 1 --cache-ram 0")
+        return None
 
     def cache_plan(self, own_setting: bool = False) -> CachePlan:
         # cache_prompt false forces a clean start and still writes the slot that turn 2 then reuses
