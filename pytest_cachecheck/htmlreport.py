@@ -38,7 +38,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from .files import write_text
 from .model import (CACHE_FAILS, CACHE_PASSES, CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE,
                     NEWLY_DIVERGED, NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE,
-                    STILL_SAME, CheckResult, CheckResults, CheckTally, Comparison, EpisodeRecord, EpisodeStep, Outcome,
+                    STILL_SAME, BatchRecord, CheckResult, CheckResults, CheckTally, Comparison, EpisodeRecord, EpisodeStep, Outcome,
                     ProbeRecord, Rate, RunReport, ServerDescription, Status, Summary, TargetReport)
 from .probes import read_resource
 from .protocol import first_difference
@@ -643,6 +643,58 @@ def _episodes_section(t: TargetReport, suffix: str) -> Markup:
     return join(out)
 
 
+# --------------------------------------------------------------------------- batch probes
+
+_BATCH_GROUPS = (("different", "Answered differently amid other requests", "the turn-2 answer under load differed "
+                  "from the answer alone"),
+                 ("inconclusive", "Inconclusive", "not valid: see the reason"),
+                 ("error", "Errors", "a request or server error, background requests included"),
+                 ("same", "Same answer", "the answer alone and amid other requests were the same"))
+
+
+def _batch_article(b: BatchRecord, anchor: str) -> Markup:
+    out = [h("div", {"class": "probe-head"}, h("h4", {}, b.key), _badge(b.outcome.value),
+             h("span", {"class": "why"}, b.source), h("span", {"class": "why"}, f"{b.duration_s:.2f} s")),
+           h("p", {"class": "why"}, b.shape.label())]
+    if b.reason:
+        out.append(h("pre", {"class": "reason"}, b.reason))
+    answers = {r.step: r.content for r in b.requests}
+    run = b.parted_run or 1
+    alone, load = answers.get(f"alone-{run}/turn-2"), answers.get(f"load-{run}/turn-2")
+    if alone is not None or load is not None:
+        at = b.divergence.char if b.divergence is not None else None
+        out.append(h("table", {"class": "grid"},
+                     h("tr", {}, h("th", {}, f"alone (run {run})"), h("th", {}, f"amid other requests (run {run})")),
+                     h("tr", {}, h("td", {}, _answer_html(alone, at)), h("td", {}, _answer_html(load, at)))))
+    if b.loads:
+        out.append(h("p", {"class": "why"}, "; ".join(
+            f"load run {x.run}: {x.in_flight_at_send} of {x.background} background requests in flight when sent, "
+            f"{x.in_flight_at_answer} when answered ({x.measured_s:.2f} s)" for x in b.loads)))
+    return h("article", {"class": f"probe o-{b.outcome.value}", "id": anchor}, out)
+
+
+def _batches_section(t: TargetReport, suffix: str) -> Markup:
+    """A target's batch probes, under their conditions: counts, the rate, and each probe's answer alone and
+    amid other requests side by side."""
+    if t.batches is None or t.batch_summary is None:
+        return Markup()
+    s = t.batch_summary
+    out = [h("h2", {"id": f"batches{suffix}"}, f"Batch probes ({len(t.batches)})"),
+           h("p", {"class": "why"}, "Each probe's turn 2, the cache off, sent alone and amid background requests "
+             "in flight (twice each): does the answer change when the server has other work?"),
+           h("p", {"id": f"batch-conditions{suffix}"}, h("b", {}, s.conditions.label())),
+           h("p", {}, _figures((("batch probes", s.tally.probes), ("valid", s.tally.valid),
+                                ("same", s.tally.same), ("different", s.tally.different),
+                                ("inconclusive", s.tally.inconclusive), ("errors", s.tally.errors)))),
+           h("p", {}, _rate_html(s.tally.rate, "batch divergence rate", "batch probe"))]
+    anchors = {b.id: f"batch-{i}{suffix}" for i, b in enumerate(t.batches)}
+    for outcome, title, why in _BATCH_GROUPS:
+        members = [_batch_article(b, anchors[b.id]) for b in t.batches if b.outcome.value == outcome]
+        if members:
+            out.append(_group(title, why, members, outcome == "same"))
+    return join(out)
+
+
 # --------------------------------------------------------------------------- the page's parts
 
 def _verdict_box(report: RunReport, probes: Dict[Optional[str], List[_Probe]]) -> Markup:
@@ -745,7 +797,7 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[Markup]:
     anchors: Dict[str, str] = {}
     for p in probes:
         anchors.setdefault(p.record.id, p.anchor)
-    only_episodes = not probes and bool(t.episodes)
+    only_episodes = not probes and bool(t.episodes or t.batches)
     parts = [_verdict_box(report, {None: probes})]
     if not only_episodes:
         parts += [h("h2", {}, "Summary"), _counts(s, True), h("p", {"id": "rate"}, _rate_html(s.rate)),
@@ -755,7 +807,7 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[Markup]:
         parts.append(_comparison_section(t.baseline, anchors, title="Baseline comparison", ident="baseline"))
     if not only_episodes:
         parts += [h("h2", {"id": "probes"}, f"Probes ({len(probes)})"), _probe_groups(probes, "")]
-    parts.append(_episodes_section(t, ""))
+    parts += [_episodes_section(t, ""), _batches_section(t, "")]
     server = t.setup.server
     rows: List[Tuple[str, Any]] = [("mode", t.setup.mode or report.settings.get("mode") or "?"),
                                    ("server", _server_text(server))]
@@ -855,7 +907,7 @@ def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], Li
             note=(f"{ref.name} plays the baseline: newly diverged = differed only on {t.name}, healed = "
                   f"differed only on {ref.name}.")))
     out += [h("h3", {"id": f"probes-{i}"}, f"Probes on {t.name} ({len(probes)})"),
-            _probe_groups(probes, f"-{i}"), _episodes_section(t, f"-{i}"),
+            _probe_groups(probes, f"-{i}"), _episodes_section(t, f"-{i}"), _batches_section(t, f"-{i}"),
             h("details", {}, h("summary", {}, f"setup of {t.name}"), _kv_table(_setup_rows(t), f"setup-{i}"))]
     return h("section", {"class": "target", "id": f"target-{i}"}, out)
 

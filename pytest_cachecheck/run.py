@@ -115,6 +115,7 @@ class Count:
     tally: Tally
     unexpected: int = 0
     flipped: int = 0
+    conditions: str = ""  # what the kind measured under, named after its divergences: the batch shape
 
 
 def judge(counts: Union[Tally, Sequence[Count]], min_valid: float, interrupted: Union[bool, str] = False,
@@ -152,7 +153,8 @@ def judge(counts: Union[Tally, Sequence[Count]], min_valid: float, interrupted: 
             elif n:
                 whose = "its" if flipped == 1 else "their"
                 why.append(f"{counted(n, unit)} {c.kind.differed}" + (
-                    f" ({flipped} flipped the outcome of {whose} checks)" if flipped else ""))
+                    f" ({flipped} flipped the outcome of {whose} checks)" if flipped else "")
+                    + (f" ({c.conditions})" if c.conditions else ""))
         return Verdict(status=Status.DIVERGED, ok=False, why="; ".join(why))
     if total.errors or check_errors:
         why = [f"{counted(total.errors, any_of(kinds))} failed with a request or server error"] if total.errors else []
@@ -450,8 +452,11 @@ def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence
                 gates.append(flips_gate(checked, sum(kr.tally.different for kr in results_of)))
         if settings.record:
             gates.append(record_gate([(kr.kind, kr.tally) for kr in results_of]))
+        shape = BatchShape.of(settings)
         counts = [Count(kind=kr.kind, tally=kr.tally, unexpected=sum(1 for r in kr.records if _unexpected(r)),
-                        flipped=sum(1 for r in kr.records if _unexpected(r) and r.flip)) for kr in results_of]
+                        flipped=sum(1 for r in kr.records if _unexpected(r) and r.flip),
+                        conditions=shape.label() if kr.kind == BATCH and shape is not None else "")
+                  for kr in results_of]
         verdict = judge(counts, settings.min_valid, interrupted, gates or None, placement_problem(every, target.name),
                         not_measured, sum(1 for c in checks if c.target == target.name and c.outcome == Outcome.ERROR))
         results.append(TargetResult(input=target, setup=setup, verdict=verdict, kinds=kinds))

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import __version__
+from .kinds import BATCH
 from .model import (STILL_SAME, CheckTally, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict,
                     shown)
 from .redact import display_url
@@ -116,6 +117,10 @@ def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[
     lines += [f"cachecheck: {counted(len(session.probes), 'probe')} ({session.probe_set.name}) | max_tokens "
               f"{s.max_tokens} | hit_tolerance {tolerance}",
               "cachecheck: reproduce with: pytest " + session.redactor.scrub(" ".join(reproduce_args(s)))]
+    shape = session.batch_shape
+    if shape is not None:
+        lines.insert(-1, f"cachecheck: {shape.label()}: each probe is measured again, its turn 2 alone and amid "
+                         f"those requests in flight (items cachecheck::batch[...])")
     return lines
 
 
@@ -296,6 +301,52 @@ def _episode_lines(t: TargetReport, label: str, baseline_path: Optional[str], ve
     return out
 
 
+def batch_count_line(t: TargetReport) -> Optional[str]:
+    """The batch probes' counts, naming the conditions; None when the kind is off or none ran."""
+    s = t.batch_summary
+    if s is None or not s.tally.probes:
+        return None
+    b = s.tally
+    return (f"{s.conditions.label()}: batch probes {b.probes} | valid {b.valid} (same {b.same}, different "
+            f"{b.different}) | inconclusive {b.inconclusive} | errors {b.errors}")
+
+
+def batch_rate_line(t: TargetReport) -> Optional[str]:
+    """The rate of batch probes answered differently, with its 95% Wilson interval and the conditions."""
+    s = t.batch_summary
+    rate = s.tally.rate if s is not None else None
+    if s is None or rate is None:
+        return None
+    lo, hi = rate.ci95
+    return (f"{s.conditions.label()}: {BATCH.rate_name} {rate.value:.1%} (95% Wilson interval {lo:.1%} to "
+            f"{hi:.1%}, {counted(s.tally.valid, 'valid ' + BATCH.unit)})")
+
+
+def _batch_lines(t: TargetReport, label: str) -> List[Out]:
+    """The batch probes of one target, each line naming the conditions: counts, how many answered
+    differently amid other requests, the rate with its interval, the first error."""
+    s = t.batch_summary
+    counts = batch_count_line(t)
+    if s is None or counts is None:
+        return []
+    b, shape = s.tally, s.conditions.label()
+    out: List[Out] = [Line(label + counts)]
+    if b.valid:
+        out.append(Line(f"{label}{shape}: {b.different} of {counted(b.valid, 'valid ' + BATCH.unit)} "
+                        f"{BATCH.differed}.", {"bold": True, "red": bool(b.different)}))
+    else:
+        out.append(Line(f"{label}{shape}: no valid {BATCH.unit}: no answer alone and amid other requests could "
+                        f"be compared."))
+    rate = batch_rate_line(t)
+    if rate:
+        out.append(Line(label + rate))
+    errored = [r.reason for r in t.batches or [] if r.outcome == "error"]
+    if errored:
+        out.append(Line(f"{label}{shape}: batch errors: {len(errored)}; the first: {errored[0][:240]}",
+                        {"red": True}))
+    return out
+
+
 def own_lines(report: RunReport) -> List[Out]:
     """The tests' own measurements (``cachecheck.check()``, ``.episode()``): how they came out, and their
     outcome checks with the flips (each test decides its own pass or fail; these lines count them)."""
@@ -315,7 +366,8 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
     out: List[Out] = [Sep("=", "cachecheck summary")]
     probes = sum(t.summary.tally.probes for t in report.targets)
     episodes = sum(t.episode_summary.tally.probes for t in report.targets if t.episode_summary is not None)
-    total = probes + episodes
+    batches = sum(t.batch_summary.tally.probes for t in report.targets if t.batch_summary is not None)
+    total = probes + episodes + batches
     if total == 0:
         out.append(Line("cachecheck: no probe ran"))
     elif report.matrix:
@@ -325,10 +377,11 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             out += [Line(f"{t.name}: {line}") for line in check_lines(t.check_tallies()[0])]
             out += _target_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _episode_lines(t, f"{t.name}: ", baseline_path, verbose)
+            out += _batch_lines(t, f"{t.name}: ")
     else:
         t = report.targets[0]
         tally = t.summary.tally
-        if tally.probes or not episodes:
+        if tally.probes or not (episodes or batches):
             out.append(Line(f"probes: {tally.probes} | valid: {tally.valid} (same {tally.same}, different "
                             f"{tally.different}) | inconclusive: {tally.inconclusive} | errors: {tally.errors}"))
             out.append(Line(divergence_line(tally), {"bold": True, "red": bool(tally.different)}))
@@ -338,6 +391,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             out += [Line(line, {"red": "flipped: " in line}) for line in check_lines(t.check_tallies()[0])]
         out += _target_lines(t, "", baseline_path, verbose)
         out += _episode_lines(t, "", baseline_path, verbose)
+        out += _batch_lines(t, "")
     out += own_lines(report)
     if total or not verdict.ok:  # an interrupted run says so even before its first probe
         word = "PASS" if verdict.ok else "FAIL"
@@ -348,7 +402,8 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         for t in report.targets:
             prefix = f"[{t.name}] " if report.matrix else ""
             ran_episodes = t.episode_summary is not None and t.episode_summary.tally.probes > 0
-            if report.matrix and not t.summary.tally.probes and not ran_episodes:
+            ran_batches = t.batch_summary is not None and t.batch_summary.tally.probes > 0
+            if report.matrix and not t.summary.tally.probes and not ran_episodes and not ran_batches:
                 out.append(Line(prefix + "no probe ran"))
                 continue
             for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set):
@@ -363,6 +418,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
                 if rate:
                     out.append(Line(prefix + rate))
                 out += [Line(prefix + line) for line in check_lines(t.check_tallies()[1], "episode", ids=False)]
+            out += [Line(prefix + line) for line in (batch_count_line(t), batch_rate_line(t)) if line]
     if any((t.served or {}).get("demo") for t in report.targets):
         out.append(Line("cachecheck: that was the demo (random weights: its divergences say nothing "
                         "about real models); measure your own server with: "
