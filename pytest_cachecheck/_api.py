@@ -60,7 +60,8 @@ STATE = pytest.StashKey[Optional[State]]()
 
 def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Probe, Episode],
             target: Optional[str], kind: Optional[Kind] = None) -> Any:
-    """Measure one probe (or episode; ``kind`` BATCH: the probe's batch measurement); under pytest-xdist only once this worker owns its servers. The
+    """Measure one probe (or episode; ``kind`` BATCH: the probe's batch measurement); under pytest-xdist
+    only once this worker owns its servers. The
     record names the server that measured it and the process, and holds no known secret (scrubbed here, once,
     so every output made from it is clean: the plugin's reports, JUnit XML, pytest-json-report). An exception
     the measurement did not expect (a server's answer no parser foresaw) is kept as an error record."""
@@ -113,8 +114,8 @@ def _batch(runner: Runner, probe: Probe, state: State) -> BatchRecord:
     try:
         setup = runner.prepare()
     except (RequestError, ServerSetupError) as exc:
-        return BatchRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint, outcome=Outcome.ERROR,
-                           shape=shape, reason=runner.redactor.scrub(str(exc)))
+        return BatchRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint,
+                           outcome=Outcome.ERROR, shape=shape, reason=runner.redactor.scrub(str(exc)))
     s = runner.settings
     return BatchRunner(setup.cache, shape, max_tokens=s.max_tokens, logprobs=s.logprobs,
                        skip_hit_check=s.skip_hit_check, redactor=runner.redactor).run(probe)
@@ -122,7 +123,8 @@ def _batch(runner: Runner, probe: Probe, state: State) -> BatchRecord:
 
 def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], target: Optional[str],
                  kind: Optional[Kind] = None) -> Any:
-    """The record of a probe, episode or batch item (``kind``; default by the case): measured once per session (a rerun of the item reports the
+    """The record of a probe, episode or batch item (``kind``; default by the case): measured once per
+    session (a rerun of the item reports the
     first measurement), its expectation decided once (``run.expectation``), and put on the item for the
     controller's reporter; a failed request errors the item (in setup)."""
     state = request.config.stash[STATE]

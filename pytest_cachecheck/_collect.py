@@ -88,8 +88,10 @@ class ProbeModule(pytest.Module):
         return False
 
 
-def collect_probe_items(session: pytest.Session, episodes: bool = False, batch: bool = False) -> List[pytest.Item]:
-    """The probe (episode, batch) items, collected from the synthetic module and reported as its collection."""
+def collect_probe_items(session: pytest.Session, episodes: bool = False,
+                        batch: bool = False) -> List[pytest.Item]:
+    """The probe (episode, batch) items, collected from the synthetic module and reported as its
+    collection."""
     module = ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid=MODULE, name=MODULE)
     module.functions = (PROBE,) + ((EPISODE,) if episodes else ()) + ((BATCH,) if batch else ())
     items: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
@@ -99,7 +101,8 @@ def collect_probe_items(session: pytest.Session, episodes: bool = False, batch: 
 
 
 def sends(item: pytest.Item) -> bool:
-    """Whether running this item sends requests to a server: a probe, episode or batch item, or a test using the
+    """Whether running this item sends requests to a server: a probe, episode or batch item, or a test using
+    the
     ``cachecheck`` fixture."""
     return item.nodeid.startswith(ITEM_PREFIXES) or FIXTURE in getattr(item, "fixturenames", ())
 

@@ -38,7 +38,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from .files import write_text
 from .model import (CACHE_FAILS, CACHE_PASSES, CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE,
                     NEWLY_DIVERGED, NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE,
-                    STILL_SAME, BatchRecord, CheckResult, CheckResults, CheckTally, Comparison, EpisodeRecord, EpisodeStep, Outcome,
+                    STILL_SAME, BatchRecord, CheckResult, CheckResults, CheckTally, Comparison, EpisodeRecord,
+                    EpisodeStep, Outcome,
                     ProbeRecord, Rate, RunReport, ServerDescription, Status, Summary, TargetReport)
 from .probes import read_resource
 from .protocol import first_difference
@@ -645,8 +646,8 @@ def _episodes_section(t: TargetReport, suffix: str) -> Markup:
 
 # --------------------------------------------------------------------------- batch probes
 
-_BATCH_GROUPS = (("different", "Answered differently amid other requests", "the turn-2 answer under load differed "
-                  "from the answer alone"),
+_BATCH_GROUPS = (("different", "Answered differently amid other requests", "the turn-2 answer under load "
+                  "differed from the answer alone"),
                  ("inconclusive", "Inconclusive", "not valid: see the reason"),
                  ("error", "Errors", "a request or server error, background requests included"),
                  ("same", "Same answer", "the answer alone and amid other requests were the same"))
@@ -664,12 +665,13 @@ def _batch_article(b: BatchRecord, anchor: str) -> Markup:
     if alone is not None or load is not None:
         at = b.divergence.char if b.divergence is not None else None
         out.append(h("table", {"class": "grid"},
-                     h("tr", {}, h("th", {}, f"alone (run {run})"), h("th", {}, f"amid other requests (run {run})")),
+                     h("tr", {}, h("th", {}, f"alone (run {run})"),
+                       h("th", {}, f"amid other requests (run {run})")),
                      h("tr", {}, h("td", {}, _answer_html(alone, at)), h("td", {}, _answer_html(load, at)))))
     if b.loads:
         out.append(h("p", {"class": "why"}, "; ".join(
-            f"load run {x.run}: {x.in_flight_at_send} of {x.background} background requests in flight when sent, "
-            f"{x.in_flight_at_answer} when answered ({x.measured_s:.2f} s)" for x in b.loads)))
+            f"load run {x.run}: {x.in_flight_at_send} of {x.background} background requests in flight when "
+            f"sent, {x.in_flight_at_answer} when answered ({x.measured_s:.2f} s)" for x in b.loads)))
     return h("article", {"class": f"probe o-{b.outcome.value}", "id": anchor}, out)
 
 
@@ -680,8 +682,8 @@ def _batches_section(t: TargetReport, suffix: str) -> Markup:
         return Markup()
     s = t.batch_summary
     out = [h("h2", {"id": f"batches{suffix}"}, f"Batch probes ({len(t.batches)})"),
-           h("p", {"class": "why"}, "Each probe's turn 2, the cache off, sent alone and amid background requests "
-             "in flight (twice each): does the answer change when the server has other work?"),
+           h("p", {"class": "why"}, "Each probe's turn 2, the cache off, sent alone and amid background "
+             "requests in flight (twice each): does the answer change when the server has other work?"),
            h("p", {"id": f"batch-conditions{suffix}"}, h("b", {}, s.conditions.label())),
            h("p", {}, _figures((("batch probes", s.tally.probes), ("valid", s.tally.valid),
                                 ("same", s.tally.same), ("different", s.tally.different),

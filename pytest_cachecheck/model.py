@@ -670,7 +670,8 @@ class LoadRun(_Json):
     in_flight_at_send: int = 0
     in_flight_at_answer: int = 0
     measured_s: float = _j(default=0.0, write=lambda s: round(s, 3))  # the measured request, sent to answered
-    background_s: float = _j(default=0.0, write=lambda s: round(s, 3))  # first background sent to last answered
+    #: the first background request sent to the last answered
+    background_s: float = _j(default=0.0, write=lambda s: round(s, 3))
 
 
 @dataclass

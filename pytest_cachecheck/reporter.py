@@ -39,8 +39,8 @@ Record = Union[ProbeRecord, EpisodeRecord, BatchRecord]
 #: user_properties key -> (the kind, whether it is a test's own measurement, the record class)
 PROPERTIES: Dict[str, Tuple[str, bool, Type[Any]]] = {
     RECORD: (PROBE.name, False, ProbeRecord), CHECK_RECORD: (PROBE.name, True, ProbeRecord),
-    EPISODE_RECORD: (EPISODE.name, False, EpisodeRecord), EPISODE_CHECK_RECORD: (EPISODE.name, True, EpisodeRecord),
-    BATCH_RECORD: (BATCH.name, False, BatchRecord)}
+    EPISODE_RECORD: (EPISODE.name, False, EpisodeRecord),
+    EPISODE_CHECK_RECORD: (EPISODE.name, True, EpisodeRecord), BATCH_RECORD: (BATCH.name, False, BatchRecord)}
 
 
 @dataclass
@@ -79,10 +79,10 @@ class Reporter:
     def _summarise(self, interrupted: Any) -> RunResult:
         s = self.session
         batch = s.settings.batch is not None  # the batch kind measures the probes again, amid other requests
+        kinds = ((PROBE, s.probe_set, s.probes), (EPISODE, s.episode_set, s.episodes),
+                 (BATCH, s.probe_set if batch else None, s.probes if batch else []))
         inputs = [KindInput(kind, item_set, [i.id for i in items or ()], got.records, got.checks, got.selected)
-                  for kind, item_set, items in ((PROBE, s.probe_set, s.probes), (EPISODE, s.episode_set, s.episodes),
-                                                (BATCH, s.probe_set if batch else None, s.probes if batch else []))
-                  for got in [self.kinds[kind.name]]]
+                  for kind, item_set, items in kinds for got in [self.kinds[kind.name]]]
         return summarise(s.settings, inputs, s.target_inputs(), s.baselines, interrupted)
 
     @property

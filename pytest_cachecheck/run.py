@@ -14,8 +14,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 from .baseline import Baseline, compare, env_of, should_fail
 from .identity import server_groups
 from .kinds import BATCH, EPISODE, PROBE, Kind, all_of, any_of
-from .model import (BatchRecord, BatchShape, BatchSummary, CheckTally, Comparison, EpisodeRecord, EpisodeSummary, Outcome,
-                    ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally, TargetReport, Verdict, record_key)
+from .model import (BatchRecord, BatchShape, BatchSummary, CheckTally, Comparison, EpisodeRecord,
+                    EpisodeSummary, Outcome, ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally,
+                    TargetReport, Verdict, record_key)
 from .redact import display_url
 from .settings import Settings
 from .text import counted
@@ -66,7 +67,8 @@ def flips_gate(checked: Sequence[Optional[CheckTally]], divergences: int) -> Gat
 
 def record_gate(tallies: Sequence[Tuple[Kind, Tally]]) -> Gate:
     """--cachecheck-record: divergences are what a baseline records, never a failure."""
-    what = ", ".join(f"{t.different} of {counted(t.valid, 'valid ' + k.unit)} {k.changed}" for k, t in tallies)
+    what = ", ".join(f"{t.different} of {counted(t.valid, 'valid ' + k.unit)} {k.changed}"
+                     for k, t in tallies)
     return False, (f"baseline recorded: {what} (expected when recording; later runs compare with it "
                    f"through --cachecheck-baseline)")
 

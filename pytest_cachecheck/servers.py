@@ -92,10 +92,10 @@ def resolve(settings: Settings, redactor: Redactor, kinds: Sequence[Type[ChatCli
     shared = getattr(cache, "shared_slots", lambda: None)() if s.batch is not None else None
     if shared in found:  # the batch kind needs several slots: with one it measures queueing
         found.remove(shared)
-        warnings.append(f"{shared}; kept as a warning because --cachecheck-batch needs several slots to batch "
-                        f"requests (with one, requests queue and nothing is batched): the probes' own validity "
-                        f"rules still catch a stolen cache state (the cache hit must cover turn 1, else the "
-                        f"probe is inconclusive)")
+        warnings.append(f"{shared}; kept as a warning because --cachecheck-batch needs several slots to "
+                        f"batch requests (with one, requests queue and nothing is batched): the probes' own "
+                        f"validity rules still catch a stolen cache state (the cache hit must cover turn 1, "
+                        f"else the probe is inconclusive)")
     tolerance = s.hit_tolerance
     block = cache.block_size()
     if block is not None and block - 1 > tolerance:

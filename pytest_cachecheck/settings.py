@@ -465,8 +465,8 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                lambda n, v, b: not _bool(n, v or False, b), "logprobs", kind="bool", reproduced=True),
     OptionSpec("batch", "--cachecheck-batch",
                "also measure each probe amid N background requests in flight (the batch kind, items "
-               "cachecheck::batch[...]; cache off on every request): does its answer change when the server has "
-               "other work? Default: off", _number(1, 256, whole=True), metavar="N", reproduced=True),
+               "cachecheck::batch[...]; cache off on every request): does its answer change when the server "
+               "has other work? Default: off", _number(1, 256, whole=True), metavar="N", reproduced=True),
     OptionSpec("batch_prompt_words", "--cachecheck-batch-prompt-words",
                "the words of each background request's prompt (with --cachecheck-batch; default 200)",
                _number(1, 100_000, whole=True), metavar="N", reproduced=True),

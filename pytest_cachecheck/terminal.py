@@ -119,8 +119,8 @@ def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[
               "cachecheck: reproduce with: pytest " + session.redactor.scrub(" ".join(reproduce_args(s)))]
     shape = session.batch_shape
     if shape is not None:
-        lines.insert(-1, f"cachecheck: {shape.label()}: each probe is measured again, its turn 2 alone and amid "
-                         f"those requests in flight (items cachecheck::batch[...])")
+        lines.insert(-1, f"cachecheck: {shape.label()}: each probe is measured again, its turn 2 alone and "
+                         f"amid those requests in flight (items cachecheck::batch[...])")
     return lines
 
 
@@ -335,8 +335,8 @@ def _batch_lines(t: TargetReport, label: str) -> List[Out]:
         out.append(Line(f"{label}{shape}: {b.different} of {counted(b.valid, 'valid ' + BATCH.unit)} "
                         f"{BATCH.differed}.", {"bold": True, "red": bool(b.different)}))
     else:
-        out.append(Line(f"{label}{shape}: no valid {BATCH.unit}: no answer alone and amid other requests could "
-                        f"be compared."))
+        out.append(Line(f"{label}{shape}: no valid {BATCH.unit}: no answer alone and amid other requests "
+                        f"could be compared."))
     rate = batch_rate_line(t)
     if rate:
         out.append(Line(label + rate))

@@ -29,8 +29,13 @@ from tests.support import emulator as emulator_module
 
 FAST = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark", "-p", "no:randomly"]
 # two background requests of 20 words, 8 tokens each: the emulator's compute_seconds gives them their time
-BATCH = ["--cachecheck-n=2", "--cachecheck-batch=2", "--cachecheck-batch-prompt-words=20",
-         "--cachecheck-batch-max-tokens=8", "--cachecheck-batch-seed=7"]
+BATCH = [
+    "--cachecheck-n=2",
+    "--cachecheck-batch=2",
+    "--cachecheck-batch-prompt-words=20",
+    "--cachecheck-batch-max-tokens=8",
+    "--cachecheck-batch-seed=7",
+]
 SHAPE = "batch: 2 background requests of 20 words, up to 8 tokens, seed 7; cache off"
 IDS = ["tea-steeping", "bike-chain"]
 
@@ -49,14 +54,27 @@ def _report(path: Any) -> Dict[str, Any]:
 def _recount(records: List[Dict[str, Any]]) -> Dict[str, int]:
     """The counts of these records, read back by the model."""
     t = Tally.of([BatchRecord.from_json(r) for r in records])
-    return {"probes": t.probes, "valid": t.valid, "same": t.same, "different": t.different,
-            "inconclusive": t.inconclusive, "errors": t.errors}
+    return {
+        "probes": t.probes,
+        "valid": t.valid,
+        "same": t.same,
+        "different": t.different,
+        "inconclusive": t.inconclusive,
+        "errors": t.errors,
+    }
 
 
 def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
     emu = emulator(batch_variant=True, compute_seconds=0.3)
-    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *BATCH, "--cachecheck-report=r.json",
-                                           "--cachecheck-html=r.html", "--junitxml=j.xml", "-rA", *FAST)
+    result = pytester.runpytest_subprocess(
+        f"--cachecheck-url={emu.url}",
+        *BATCH,
+        "--cachecheck-report=r.json",
+        "--cachecheck-html=r.html",
+        "--junitxml=j.xml",
+        "-rA",
+        *FAST,
+    )
     assert result.ret == 1
     # the cache probes run no batch (one request at a time): they pass; the batch items fail
     result.assert_outcomes(passed=2, failed=3)
@@ -68,19 +86,31 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
     assert f"cachecheck: {SHAPE}: each probe is measured again" in out  # the header
     assert f"{SHAPE}: batch probes 2 | valid 2 (same 0, different 2) | inconclusive 0 | errors 0" in out
     assert f"{SHAPE}: 2 of 2 valid batch probes answered differently amid other requests." in out
-    assert f"{SHAPE}: batch divergence rate 100.0% (95% Wilson interval 34.2% to 100.0%, 2 valid batch probes)" in out
-    assert (f"cachecheck verdict: FAIL (diverged): 2 valid batch probes answered differently amid other requests "
-            f"({SHAPE})") in out
+    assert (
+        f"{SHAPE}: batch divergence rate 100.0% (95% Wilson interval 34.2% to 100.0%, 2 valid batch probes)"
+        in out
+    )
+    assert (
+        f"cachecheck verdict: FAIL (diverged): 2 valid batch probes answered differently amid other requests "
+        f"({SHAPE})"
+    ) in out
     # the JSON report: the batch records, valid and different, counted as the summary says
     data = _report(pytester.path / "r.json")
     assert [b["id"] for b in data["batches"]] == IDS
-    assert all(b["kind"] == "batch" and b["outcome"] == "different" and b["divergence"] for b in data["batches"])
-    assert all(b["conditions"] == {"concurrent": 2, "prompt_words": 20, "max_tokens": 8, "seed": 7, "lead_s": 0.2}
-               for b in data["batches"])
+    assert all(
+        b["kind"] == "batch" and b["outcome"] == "different" and b["divergence"] for b in data["batches"]
+    )
+    assert all(
+        b["conditions"] == {"concurrent": 2, "prompt_words": 20, "max_tokens": 8, "seed": 7, "lead_s": 0.2}
+        for b in data["batches"]
+    )
     assert all(x["in_flight_at_send"] == 2 for b in data["batches"] for x in b["loads"])
     summary = data["targets"][0]["batch_summary"]
-    assert {k: summary[k] for k in _recount(data["batches"])} == _recount(data["batches"]) == {
-        "probes": 2, "valid": 2, "same": 0, "different": 2, "inconclusive": 0, "errors": 0}
+    assert (
+        {k: summary[k] for k in _recount(data["batches"])}
+        == _recount(data["batches"])
+        == {"probes": 2, "valid": 2, "same": 0, "different": 2, "inconclusive": 0, "errors": 0}
+    )
     assert summary["conditions"]["concurrent"] == 2 and data["settings"]["batch"] == 2
     assert data["summary"]["status"] == "diverged" and SHAPE in data["summary"]["why"]
     # the HTML page: the section under its conditions, each probe's answers alone and amid other requests
@@ -99,14 +129,17 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
 
 def test_negative_control_no_fault_passes(pytester, emulator):
     emu = emulator(compute_seconds=0.3)
-    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *BATCH, "--cachecheck-report=r.json",
-                                           *FAST)
+    result = pytester.runpytest_subprocess(
+        f"--cachecheck-url={emu.url}", *BATCH, "--cachecheck-report=r.json", *FAST
+    )
     assert result.ret == 0, result.stdout.str()
     result.assert_outcomes(passed=5)
     out = result.stdout.str()
     assert f"{SHAPE}: 0 of 2 valid batch probes answered differently amid other requests." in out
-    assert "cachecheck verdict: PASS (passed): no valid probe differed and no valid batch probe answered " \
-           "differently amid other requests" in out
+    assert (
+        "cachecheck verdict: PASS (passed): no valid probe differed and no valid batch probe answered "
+        "differently amid other requests" in out
+    )
     data = _report(pytester.path / "r.json")
     assert [b["outcome"] for b in data["batches"]] == ["same", "same"]
     assert emu.max_in_flight == 3  # the measured request and both background requests at once
@@ -114,18 +147,24 @@ def test_negative_control_no_fault_passes(pytester, emulator):
 
 def test_without_the_option_nothing_changes(pytester, emulator):
     emu = emulator()
-    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", "--cachecheck-n=2",
-                                           "--cachecheck-report=r.json", *FAST)
+    result = pytester.runpytest_subprocess(
+        f"--cachecheck-url={emu.url}", "--cachecheck-n=2", "--cachecheck-report=r.json", *FAST
+    )
     result.assert_outcomes(passed=3)
     assert "batch" not in result.stdout.str()
     data = _report(pytester.path / "r.json")
-    assert "batches" not in data and "batch_summary" not in data["targets"][0] and "batch" not in data["settings"]
+    assert (
+        "batches" not in data
+        and "batch_summary" not in data["targets"][0]
+        and "batch" not in data["settings"]
+    )
 
 
 def test_k_batch_selects_only_the_batch_items_and_the_gate_judges(pytester, emulator):
     emu = emulator(batch_variant=True, compute_seconds=0.3)
-    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *BATCH, "-k", "batch", "-v",
-                                           "--cachecheck-report=r.json", *FAST)
+    result = pytester.runpytest_subprocess(
+        f"--cachecheck-url={emu.url}", *BATCH, "-k", "batch", "-v", "--cachecheck-report=r.json", *FAST
+    )
     assert result.ret == 1
     ran = re.findall(r"^(cachecheck::\S+) (PASSED|FAILED)", result.stdout.str(), re.M)
     assert ran == [(f"cachecheck::batch[{p}]", "FAILED") for p in IDS] + [("cachecheck::gate", "FAILED")]
@@ -137,27 +176,36 @@ def test_k_batch_selects_only_the_batch_items_and_the_gate_judges(pytester, emul
 @pytest.mark.parametrize("max_rate, ok", [("1", True), ("0.4", False)])
 def test_the_rate_gate_judges_the_batch_kind(pytester, emulator, max_rate, ok):
     emu = emulator(batch_variant=True, compute_seconds=0.3)
-    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *BATCH, f"--cachecheck-max-rate={max_rate}",
-                                           "-rA", *FAST)
+    result = pytester.runpytest_subprocess(
+        f"--cachecheck-url={emu.url}", *BATCH, f"--cachecheck-max-rate={max_rate}", "-rA", *FAST
+    )
     out = result.stdout.str()
     assert result.ret == (0 if ok else 1), out
     # divergences are expected failures: the gate decides
-    assert "XFAIL cachecheck::batch[tea-steeping] - diverged; the rate gate decides (--cachecheck-max-rate)" in out
+    assert (
+        "XFAIL cachecheck::batch[tea-steeping] - diverged; the rate gate decides (--cachecheck-max-rate)"
+        in out
+    )
     if ok:
         assert "batch divergence rate 100.0% is within --cachecheck-max-rate 1" in out
     else:
-        assert ("cachecheck verdict: FAIL (gate-failed): batch divergence rate 100.0% (2 of 2) exceeds "
-                "--cachecheck-max-rate 0.4") in out
+        assert (
+            "cachecheck verdict: FAIL (gate-failed): batch divergence rate 100.0% (2 of 2) exceeds "
+            "--cachecheck-max-rate 0.4"
+        ) in out
 
 
 def test_under_xdist_batch_items_share_the_worker_of_their_servers_probes(pytester, emulator):
     emu = emulator(compute_seconds=0.2)
     pytester.makepyfile(**{f"test_user{i}": "def test_a(): pass\n" for i in range(3)})
-    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *BATCH, "-n", "2", "-v",
-                                           "--cachecheck-report=r.json", *FAST)
+    result = pytester.runpytest_subprocess(
+        f"--cachecheck-url={emu.url}", *BATCH, "-n", "2", "-v", "--cachecheck-report=r.json", *FAST
+    )
     assert result.ret == 0, result.stdout.str()
     workers = {}
-    for worker, nodeid in re.findall(r"^\[(gw\d+)\] \[\s*\d+%\] PASSED (cachecheck::\S+)", result.stdout.str(), re.M):
+    for worker, nodeid in re.findall(
+        r"^\[(gw\d+)\] \[\s*\d+%\] PASSED (cachecheck::\S+)", result.stdout.str(), re.M
+    ):
         workers[nodeid] = worker
     items = [f"cachecheck::{k}[{p}]" for k in ("probe", "batch") for p in IDS]
     assert set(items) <= set(workers) and len({workers[i] for i in items}) == 1, workers
@@ -165,12 +213,18 @@ def test_under_xdist_batch_items_share_the_worker_of_their_servers_probes(pytest
     assert len({r["worker"] for r in data["probes"] + data["batches"]}) == 1
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--cachecheck-batch=0"], "--cachecheck-batch"),
-    (["--cachecheck-batch=2", "--cachecheck-batch-prompt-words=x"], "--cachecheck-batch-prompt-words"),
-    (["--cachecheck-batch-seed=3"], "they go with --cachecheck-batch N"),
-    (["--cachecheck-batch=2", "--cachecheck-nocache-url=http://127.0.0.1:9"], "conflicts with two-servers mode"),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--cachecheck-batch=0"], "--cachecheck-batch"),
+        (["--cachecheck-batch=2", "--cachecheck-batch-prompt-words=x"], "--cachecheck-batch-prompt-words"),
+        (["--cachecheck-batch-seed=3"], "they go with --cachecheck-batch N"),
+        (
+            ["--cachecheck-batch=2", "--cachecheck-nocache-url=http://127.0.0.1:9"],
+            "conflicts with two-servers mode",
+        ),
+    ],
+)
 def test_bad_values_are_usage_errors_before_any_request(pytester, emulator, args, words):
     emu = emulator()
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *args, *FAST)
@@ -183,10 +237,25 @@ URL = "http://127.0.0.1:8080"
 
 
 def _llama_server(slots: int) -> None:
-    responses.get(URL + "/props", json={"build_info": "b1", "total_slots": slots, "model_path": "/m/tiny.gguf",
-                                        "model_alias": "tiny.gguf", "default_generation_settings": {"n_ctx": 4096}})
-    responses.get(URL + "/v1/models", json={"object": "list", "data": [
-        {"id": "tiny.gguf", "aliases": ["tiny.gguf"], "object": "model", "owned_by": "llamacpp"}]})
+    responses.get(
+        URL + "/props",
+        json={
+            "build_info": "b1",
+            "total_slots": slots,
+            "model_path": "/m/tiny.gguf",
+            "model_alias": "tiny.gguf",
+            "default_generation_settings": {"n_ctx": 4096},
+        },
+    )
+    responses.get(
+        URL + "/v1/models",
+        json={
+            "object": "list",
+            "data": [
+                {"id": "tiny.gguf", "aliases": ["tiny.gguf"], "object": "model", "owned_by": "llamacpp"}
+            ],
+        },
+    )
 
 
 @responses.activate

@@ -376,3 +376,39 @@ def test_batch_measurement_four_slots_and_the_one_slot_control(llama_servers):
         else:  # batched: some background was still running when the measured answer came
             assert any(x.in_flight_at_answer > 0 for r in records for x in r.loads)
     assert tallies[1].different == 0  # the negative control
+
+
+def test_batch_kind_from_pytest_on_four_slots(plugin_run, llama_servers):
+    """The batch kind as users run it (--cachecheck-batch) on a real llama-server with 4 slots, tiny F16
+    model, 4 built-in probes: the slot problem is a setup warning (not an error) under --cachecheck-batch,
+    each probe has a valid batch record (cache off, background in flight when sent), and the batch summary's
+    counts are a recount of the records. What the server does (same or different) is recorded, not assumed."""
+    server = llama_servers("f16", "-np", "4")
+    run = plugin_run(f"--cachecheck-url={server.url}", "--cachecheck-n=4", "--cachecheck-batch=3",
+                     "--cachecheck-batch-prompt-words=60", "--cachecheck-batch-max-tokens=64",
+                     "--cachecheck-max-tokens=128", "-p", "no:randomly")
+    from pytest_cachecheck.model import BatchRecord, Tally
+
+    batches = run.data["batches"]
+    s = run.target["batch_summary"]
+    print(f"\nMEASURED batch kind, 4 slots: {s['different']} of {s['valid']} valid batch probes answered "
+          f"differently amid other requests ({s['inconclusive']} inconclusive, {s['errors']} errors) in "
+          f"{run.seconds:.0f} s; cache probes {run.counts()}")
+    assert [b["id"] for b in batches] == [p["id"] for p in run.data["probes"]] and len(batches) == 4
+    warning = next(w for w in run.target["setup_warnings"] if w.startswith("llama-server runs 4 slots"))
+    assert "kept as a warning because --cachecheck-batch" in warning
+    assert f"setup warning: {warning}" in run.out
+    records = [BatchRecord.from_json(b) for b in batches]
+    assert all(r.valid for r in records), [r.reason for r in records if not r.valid]
+    for r in records:
+        assert all(q.cached_tokens == 0 for q in r.requests), r.id
+        assert [(x.background, x.in_flight_at_send >= 1) for x in r.loads] == [(3, True), (3, True)], r.id
+        assert r.shape.concurrent == 3 and r.shape.prompt_words == 60 and r.shape.max_tokens == 64
+    t = Tally.of(records)  # type: ignore[arg-type]
+    assert (s["probes"], s["valid"], s["same"], s["different"], s["inconclusive"], s["errors"]) == (
+        t.probes, t.valid, t.same, t.different, t.inconclusive, t.errors)
+    label = "batch: 3 background requests of 60 words, up to 64 tokens, seed 0; cache off"
+    said = f"{label}: {t.different} of {t.valid} valid batch probes answered differently amid other requests."
+    assert said in run.out
+    different = t.different + run.counts().get("different", 0)
+    assert run.ret == (1 if different else 0), run.out[-4000:]

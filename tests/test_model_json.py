@@ -11,8 +11,9 @@ from typing import Any, Dict, List
 import pytest
 
 from pytest_cachecheck import model
-from pytest_cachecheck.model import (BatchRecord, BatchShape, BatchSummary, CheckResult, CheckResults, Divergence,
-                                     EpisodeRecord, EpisodeStep, EpisodeSummary, LoadRun, Outcome, Parting, Path,
+from pytest_cachecheck.model import (BatchRecord, BatchShape, BatchSummary, CheckResult, CheckResults,
+                                     Divergence, EpisodeRecord, EpisodeStep, EpisodeSummary, LoadRun, Outcome,
+                                     Parting, Path,
                                      ProbeSet, ReportError, Request, RunReport,
                                      ServerDescription, Setup, Status, Summary, Tally, TargetReport,
                                      ToolCall)
@@ -50,11 +51,11 @@ def _episode(target: str = "") -> EpisodeRecord:
 
 def _batch(target: str = "") -> BatchRecord:
     return BatchRecord(
-        id="a", source="builtin:1", fingerprint="sha256:a", outcome=Outcome.DIFFERENT, reason="under load ...",
+        id="a", source="builtin:1", fingerprint="sha256:a", outcome=Outcome.DIFFERENT, reason="under load",
         shape=BatchShape(concurrent=2, prompt_words=20, max_tokens=8, seed=7, lead_s=0.1),
         divergence=Divergence(char=40, token=40, cache_excerpt="a", recompute_excerpt="b"), parted_run=2,
-        requests=[Request(step="turn-1", server="cache", content="hi", finish_reason="stop", prompt_tokens=9, completion_tokens=2,
-                          cached_tokens=0)],
+        requests=[Request(step="turn-1", server="cache", content="hi", finish_reason="stop", prompt_tokens=9,
+                          completion_tokens=2, cached_tokens=0)],
         loads=[LoadRun(run=1, background=2, in_flight_at_send=2, in_flight_at_answer=1, measured_s=0.5,
                        background_s=0.75)],
         alone_s=[0.25, 0.5], duration_s=2.0, target=target or None, server_url="http://127.0.0.1:8000",
