@@ -94,6 +94,8 @@ def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Pro
                          reason=(
                 f"the measurement failed on an unexpected {type(exc).__name__}: {str(exc)[:500]} (the server's "
                 f"answer was not what the plugin can read; please report it)"))
+    if kind == BATCH and state.session.batch_shape is not None:
+        record.shape = state.session.batch_shape  # an error record made here names the conditions too
     if case.expect is not None and kind != BATCH:  # a batch probe's answers are not judged
         record.check_results = case.expect.judge(record)  # on the answers as given, before any scrubbing
     record.target = target

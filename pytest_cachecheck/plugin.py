@@ -205,6 +205,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     reporter = session.config.pluginmanager.getplugin("cachecheck-reporter")
     reporter.stage = "while the server setup was being checked"
+    shown = {name: list(r.setup.warnings) if r.setup is not None else []  # in the header already
+             for name, r in state.session.runners.items()}
     errors = state.session.prepare(send=True)
     reporter.stage = None
     terminal = session.config.pluginmanager.getplugin("terminalreporter")
@@ -216,7 +218,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         if state.setup_errors.get(name):
             continue  # the header said why already
         label = "cachecheck: " + (f"target {name}: " if name is not None else "")
-        for line in setup_check_lines(label, runner.setup, errors.get(name)):
+        for line in setup_check_lines(label, runner.setup, errors.get(name), skip=shown.get(name, [])):
             terminal.write_line(printable(state.session.redactor.scrub(line), 4000))
 
 

@@ -146,12 +146,13 @@ def setup_line(label: str, configured_mode: str, setup: Optional[Any], error: Op
     return [desc] + setup_check_lines(label, setup, None)
 
 
-def setup_check_lines(label: str, setup: Optional[Any], error: Optional[str]) -> List[str]:
+def setup_check_lines(label: str, setup: Optional[Any], error: Optional[str],
+                      skip: Sequence[str] = ()) -> List[str]:
     """What the setup checks that generate found for one target: the error that makes its server unusable,
-    else their warnings."""
+    else their warnings (but those in ``skip``: the header showed them)."""
     if error:
         return [f"{label}server not usable: {error}"]
-    return [f"{label}warning: {w}" for w in (setup.warnings if setup is not None else [])]
+    return [f"{label}warning: {w}" for w in (setup.warnings if setup is not None else []) if w not in skip]
 
 
 # -- the summary --------------------------------------------------------------------------------------------

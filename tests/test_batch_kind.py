@@ -281,3 +281,19 @@ def test_a_batch_record_outcome_is_judged_as_a_probe():
     assert plain is not None and gated is not None
     assert expectation(record, plain, {}) is None
     assert expectation(record, gated, {}) == "diverged; the rate gate decides (--cachecheck-max-rate)"
+
+
+def test_a_target_matrix_measures_each_target_under_its_name(pytester, emulator):
+    a, b = emulator(compute_seconds=0.3), emulator(batch_variant=True, compute_seconds=0.3)
+    result = pytester.runpytest_subprocess(
+        f"--cachecheck-target=a={a.url}", f"--cachecheck-target=b={b.url}", *BATCH[1:], "--cachecheck-n=1",
+        "--cachecheck-report=r.json", "-v", *FAST
+    )
+    assert result.ret == 1
+    out = result.stdout.str()
+    assert "cachecheck::batch[tea-steeping@a] PASSED" in out and "cachecheck::batch[tea-steeping@b] FAILED" in out
+    assert f"b: {SHAPE}: 1 of 1 valid batch probe answered differently amid other requests." in out
+    assert "cachecheck verdict: FAIL (diverged): b: 1 valid batch probe answered differently" in out
+    data = _report(pytester.path / "r.json")
+    assert [(r["target"], r["outcome"]) for r in data["batches"]] == [("a", "same"), ("b", "different")]
+    assert [t["batch_summary"]["different"] for t in data["targets"]] == [0, 1]
