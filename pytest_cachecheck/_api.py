@@ -61,10 +61,10 @@ STATE = pytest.StashKey[Optional[State]]()
 def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Probe, Episode],
             target: Optional[str], kind: Optional[Kind] = None) -> Any:
     """Measure one probe (or episode; ``kind`` BATCH: the probe's batch measurement); under pytest-xdist
-    only once this worker owns its servers. The
-    record names the server that measured it and the process, and holds no known secret (scrubbed here, once,
-    so every output made from it is clean: the plugin's reports, JUnit XML, pytest-json-report). An exception
-    the measurement did not expect (a server's answer no parser foresaw) is kept as an error record."""
+    only once this worker owns its servers. The record names the server that measured it and the process,
+    and holds no known secret (scrubbed here, once, so every output made from it is clean: the plugin's
+    reports, JUnit XML, pytest-json-report). An exception the measurement did not expect (a server's answer
+    no parser foresaw) is kept as an error record."""
     worker = _collect.worker_id(config)
     kind = kind or (PROBE if isinstance(case, Probe) else EPISODE)
     cls = ITEM_RECORDS[kind.name][1]
@@ -126,9 +126,9 @@ def _batch(runner: Runner, probe: Probe, state: State) -> BatchRecord:
 def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], target: Optional[str],
                  kind: Optional[Kind] = None) -> Any:
     """The record of a probe, episode or batch item (``kind``; default by the case): measured once per
-    session (a rerun of the item reports the
-    first measurement), its expectation decided once (``run.expectation``), and put on the item for the
-    controller's reporter; a failed request errors the item (in setup)."""
+    session (a rerun of the item reports the first measurement), its expectation decided once
+    (``run.expectation``), and put on the item for the controller's reporter; a failed request errors the
+    item (in setup), a batch item's naming the conditions."""
     state = request.config.stash[STATE]
     assert state is not None
     kind = kind or (PROBE if isinstance(case, Probe) else EPISODE)
@@ -142,7 +142,7 @@ def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], ta
     if getattr(record, "check_results", None) is not None and record.flip:
         request.node.user_properties.append((FLIP, f"{record.flip}: {record.check_results.flip_text()}"))
     if record.outcome == Outcome.ERROR:
-        pytest.fail(f"cachecheck: {record.reason}", pytrace=False)
+        pytest.fail(f"cachecheck: {record.message() if kind == BATCH else record.reason}", pytrace=False)
     return record
 
 

@@ -297,3 +297,18 @@ def test_a_target_matrix_measures_each_target_under_its_name(pytester, emulator)
     data = _report(pytester.path / "r.json")
     assert [(r["target"], r["outcome"]) for r in data["batches"]] == [("a", "same"), ("b", "different")]
     assert [t["batch_summary"]["different"] for t in data["targets"]] == [0, 1]
+
+
+def test_a_failed_request_errors_the_batch_item_in_setup(pytester, emulator):
+    # chat requests: 1 the setup check, 2 turn 1, 3 alone run 1, 4 and 5 load run 1's background
+    emu = emulator(compute_seconds=0.3, fault={4: "500"})
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *BATCH, "-k", "batch", "-rE",
+                                           "--cachecheck-report=r.json", *FAST)
+    assert result.ret == 1
+    result.assert_outcomes(passed=1, errors=1, failed=1)  # the second probe passes; the gate fails
+    out = result.stdout.str()
+    assert "ERROR at setup of batch[tea-steeping]" in out and f"cachecheck: [{SHAPE}] load run 1: " in out
+    assert "HTTP 500: Internal Server Error" in out
+    assert "cachecheck verdict: FAIL (errors): 1 probe or batch probe failed with a request or server error" in out
+    data = _report(pytester.path / "r.json")
+    assert [b["outcome"] for b in data["batches"]] == ["error", "same"]
