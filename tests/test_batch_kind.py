@@ -28,7 +28,8 @@ from pytest_cachecheck.settings import Settings
 from tests.support import emulator as emulator_module
 
 FAST = ["-p", "no:cacheprovider", "-p", "no:hypothesispytest", "-p", "no:benchmark", "-p", "no:randomly"]
-# two background requests of 20 words, 8 tokens each: the emulator's compute_seconds gives them their time
+# two background requests of 20 words, 8 tokens each: the emulator's compute_seconds (0.5 s a request, well
+# past the 0.2 s the measured request waits, also on a loaded machine) gives them their time
 BATCH = [
     "--cachecheck-n=2",
     "--cachecheck-batch=2",
@@ -65,7 +66,7 @@ def _recount(records: List[Dict[str, Any]]) -> Dict[str, int]:
 
 
 def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
-    emu = emulator(batch_variant=True, compute_seconds=0.3)
+    emu = emulator(batch_variant=True, compute_seconds=0.5)
     result = pytester.runpytest_subprocess(
         f"--cachecheck-url={emu.url}",
         *BATCH,
@@ -128,7 +129,7 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
 
 
 def test_negative_control_no_fault_passes(pytester, emulator):
-    emu = emulator(compute_seconds=0.3)
+    emu = emulator(compute_seconds=0.5)
     result = pytester.runpytest_subprocess(
         f"--cachecheck-url={emu.url}", *BATCH, "--cachecheck-report=r.json", *FAST
     )
@@ -161,7 +162,7 @@ def test_without_the_option_nothing_changes(pytester, emulator):
 
 
 def test_k_batch_selects_only_the_batch_items_and_the_gate_judges(pytester, emulator):
-    emu = emulator(batch_variant=True, compute_seconds=0.3)
+    emu = emulator(batch_variant=True, compute_seconds=0.5)
     result = pytester.runpytest_subprocess(
         f"--cachecheck-url={emu.url}", *BATCH, "-k", "batch", "-v", "--cachecheck-report=r.json", *FAST
     )
@@ -175,7 +176,7 @@ def test_k_batch_selects_only_the_batch_items_and_the_gate_judges(pytester, emul
 
 @pytest.mark.parametrize("max_rate, ok", [("1", True), ("0.4", False)])
 def test_the_rate_gate_judges_the_batch_kind(pytester, emulator, max_rate, ok):
-    emu = emulator(batch_variant=True, compute_seconds=0.3)
+    emu = emulator(batch_variant=True, compute_seconds=0.5)
     result = pytester.runpytest_subprocess(
         f"--cachecheck-url={emu.url}", *BATCH, f"--cachecheck-max-rate={max_rate}", "-rA", *FAST
     )
@@ -196,7 +197,7 @@ def test_the_rate_gate_judges_the_batch_kind(pytester, emulator, max_rate, ok):
 
 
 def test_under_xdist_batch_items_share_the_worker_of_their_servers_probes(pytester, emulator):
-    emu = emulator(compute_seconds=0.2)
+    emu = emulator(compute_seconds=0.5)
     pytester.makepyfile(**{f"test_user{i}": "def test_a(): pass\n" for i in range(3)})
     result = pytester.runpytest_subprocess(
         f"--cachecheck-url={emu.url}", *BATCH, "-n", "2", "-v", "--cachecheck-report=r.json", *FAST
@@ -284,7 +285,7 @@ def test_a_batch_record_outcome_is_judged_as_a_probe():
 
 
 def test_a_target_matrix_measures_each_target_under_its_name(pytester, emulator):
-    a, b = emulator(compute_seconds=0.3), emulator(batch_variant=True, compute_seconds=0.3)
+    a, b = emulator(compute_seconds=0.5), emulator(batch_variant=True, compute_seconds=0.5)
     result = pytester.runpytest_subprocess(
         f"--cachecheck-target=a={a.url}", f"--cachecheck-target=b={b.url}", *BATCH[1:], "--cachecheck-n=1",
         "--cachecheck-report=r.json", "-v", *FAST
@@ -301,7 +302,7 @@ def test_a_target_matrix_measures_each_target_under_its_name(pytester, emulator)
 
 def test_a_failed_request_errors_the_batch_item_in_setup(pytester, emulator):
     # chat requests: 1 the setup check, 2 turn 1, 3 alone run 1, 4 and 5 load run 1's background
-    emu = emulator(compute_seconds=0.3, fault={4: "500"})
+    emu = emulator(compute_seconds=0.5, fault={4: "500"})
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *BATCH, "-k", "batch", "-rE",
                                            "--cachecheck-report=r.json", *FAST)
     assert result.ret == 1
