@@ -26,13 +26,13 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 from .clients import ChatClient, Reply, plugin_kinds
 from .clients.base import TokenLogprob
-from .errors import RequestError, ServerSetupError, WrongModel
+from .errors import RequestError, ServerSetupError
 from .model import Checks, Divergence, HitCheck, Outcome, ProbeRecord
 from .probes import Probe
 from .redact import Redactor
 from .servers import ServerSetup, resolve
 from .settings import Settings
-from .validity import MissingCounter, Rules, differs, inconclusive, untrusted, wrong_model_reason
+from .validity import MissingCounter, Rules, differs, inconclusive, settled, untrusted
 
 EXCERPT_BEFORE, EXCERPT_AFTER = 40, 40
 
@@ -147,16 +147,10 @@ class Runner:
         record = ProbeRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint,
                              outcome=Outcome.ERROR)
         replies: Dict[str, Reply] = {}
-        try:
+        with settled(record, self.redactor.scrub):
             setup = self.prepare()
             self._measure(setup, probe, record, replies)
             self._judge(setup, record, replies)
-        except WrongModel as exc:
-            record.outcome = Outcome.INCONCLUSIVE
-            record.reason = self.redactor.scrub(wrong_model_reason(exc))
-        except (RequestError, ServerSetupError) as exc:
-            record.outcome = Outcome.ERROR
-            record.reason = self.redactor.scrub(str(exc))
         record.duration_s = time.monotonic() - start
         return record
 

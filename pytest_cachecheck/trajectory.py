@@ -24,10 +24,10 @@ from typing import Any, Callable, Collection, Dict, List, Optional, Set, Tuple
 
 from .clients import ChatClient
 from .episodes import Episode
-from .errors import RequestError, ServerSetupError, WrongModel
+from .errors import RequestError
 from .model import Divergence, EpisodeRecord, EpisodeStep, Outcome, Parting, Path, ToolCall
 from .protocol import Runner, _token_parting, excerpt, first_difference
-from .validity import MissingCounter, Rules, differs, inconclusive, untrusted, wrong_model_reason
+from .validity import MissingCounter, Rules, differs, inconclusive, settled, untrusted
 from .servers import ServerSetup
 
 Fields = Callable[[int], Dict[str, Any]]
@@ -49,7 +49,7 @@ def measure_episode(runner: Runner, episode: Episode) -> EpisodeRecord:
     record = EpisodeRecord(id=episode.id, source=episode.source, fingerprint=episode.fingerprint,
                            outcome=Outcome.ERROR)
     seen = _Seen()
-    try:
+    with settled(record, runner.redactor.scrub):
         setup = runner.prepare()
         rules = _rules(runner, setup)
         record.hit_tolerance = rules.tolerance
@@ -66,12 +66,6 @@ def measure_episode(runner: Runner, episode: Episode) -> EpisodeRecord:
         _walk(runner, setup.cache, episode, "cache-2", _cache_fields(setup), want | short, record, seen)
         _walk(runner, recompute_client, episode, "recompute-2", scratch, want, record, seen)
         _judge(setup, record, seen, rules, episode)
-    except WrongModel as exc:
-        record.outcome = Outcome.INCONCLUSIVE
-        record.reason = runner.redactor.scrub(wrong_model_reason(exc))
-    except (RequestError, ServerSetupError) as exc:
-        record.outcome = Outcome.ERROR
-        record.reason = runner.redactor.scrub(str(exc))
     record.duration_s = time.monotonic() - start
     return record
 

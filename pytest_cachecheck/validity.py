@@ -11,10 +11,12 @@ pytest or HTTP.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional, Protocol, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Iterator, List, Optional, Protocol, Sequence, Tuple, Type
 
-from .errors import ServerSetupError, WrongModel
+from .errors import RequestError, ServerSetupError, WrongModel
+from .model import Outcome
 
 if TYPE_CHECKING:
     from .clients import ChatClient, Reply
@@ -43,6 +45,19 @@ class MissingCounter(ServerSetupError):
 def wrong_model_reason(exc: WrongModel) -> str:
     """A probe or episode answered under another model name measured another model: inconclusive."""
     return f"inconclusive: {exc}"
+
+
+@contextmanager
+def settled(record: Any, scrub: Callable[[str], str], also: Tuple[Type[BaseException], ...] = ()) -> Iterator[None]:
+    """Measure inside this: a failed request (or a server that cannot be measured, or ``also``) makes the
+    record an error, never a divergence; an answer under another model's name makes it inconclusive. The
+    reason is scrubbed of secrets."""
+    try:
+        yield
+    except WrongModel as exc:
+        record.outcome, record.reason = Outcome.INCONCLUSIVE, scrub(wrong_model_reason(exc))
+    except (RequestError, ServerSetupError, *also) as exc:
+        record.outcome, record.reason = Outcome.ERROR, scrub(str(exc))
 
 
 def impossible_counts(reply: Counted) -> List[str]:

@@ -18,7 +18,7 @@ import requests
 from tests.support.plugin_runs import PLAIN_EPISODES, Run, check_episode_run, episode_args
 from tests.support.venv_server import log_stderr
 
-from pytest_cachecheck.llama_server import LlamaServer
+from pytest_cachecheck.llama_server import LlamaServer, llama_release
 from pytest_cachecheck.serve import demo_model
 
 pytestmark = pytest.mark.e2e
@@ -186,6 +186,10 @@ def test_serve_demo(plugin_run, llama_binary):
     run = plugin_run("--cachecheck-serve=demo", "--cachecheck-n=2", "-n", "2")
     assert "cachecheck: serving the demo model (demo-f32-v1.gguf): tiny, RANDOM weights" in run.out
     assert "cachecheck: mode llama.cpp (auto-detected)" in run.out
+    # the plugin's own build reports the llama.cpp release it was built from (not b0-unknown)
+    release = llama_release()
+    assert release is not None and f"| server llama.cpp b{release}-unknown |" in run.out, run.out[:2000]
+    assert run.target["server"]["build"] == f"b{release}-unknown", run.target["server"]
     assert run.target["served"]["demo"] is True and run.target["served"]["log_tail"]
     assert run.target["served"]["tools"] is False and "--jinja" not in run.target["served"]["command"]
     assert sum(run.counts().get(k, 0) for k in ("same", "different")) == 2
