@@ -109,18 +109,17 @@ def _batch(runner: Runner, probe: Probe, state: State) -> BatchRecord:
     """A probe's batch measurement on ``runner``'s server, once its setup is known (a setup error is the
     record's error, as for a probe)."""
     from .batch import BatchRunner
-    from .errors import ServerSetupError
+    from .validity import settled
 
     shape = state.session.batch_shape
     assert shape is not None
-    try:
-        setup = runner.prepare()
-    except (RequestError, ServerSetupError) as exc:
-        return BatchRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint,
-                           outcome=Outcome.ERROR, shape=shape, reason=runner.redactor.scrub(str(exc)))
-    s = runner.settings
-    return BatchRunner(setup.cache, shape, max_tokens=s.max_tokens, logprobs=s.logprobs,
-                       skip_hit_check=s.skip_hit_check, redactor=runner.redactor).run(probe)
+    record = BatchRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint, outcome=Outcome.ERROR,
+                         shape=shape)
+    with settled(record, runner.redactor.scrub):
+        s, setup = runner.settings, runner.prepare()
+        return BatchRunner(setup.cache, shape, max_tokens=s.max_tokens, logprobs=s.logprobs,
+                           skip_hit_check=s.skip_hit_check, redactor=runner.redactor).run(probe)
+    return record
 
 
 def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], target: Optional[str],

@@ -33,7 +33,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .clients import ChatClient, Reply
-from .errors import CachecheckError, RequestError, ServerSetupError, WrongModel
+from .errors import CachecheckError
 from .model import BatchRecord, BatchShape, Divergence, LoadRun, Outcome, Tally
 from .probes import Probe
 from .protocol import divergence_of, first_difference
@@ -45,9 +45,9 @@ from .validity import (
     differs,
     inconclusive,
     overlap,
+    settled,
     under_load,
     untrusted,
-    wrong_model_reason,
 )
 
 __all__ = ["BatchRecord", "BatchRunner", "BatchShape", "LoadRun", "STEPS", "batch_message", "summary_line"]
@@ -107,13 +107,9 @@ class BatchRunner:
         record = BatchRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint,
                              outcome=Outcome.ERROR, shape=self.shape)
         replies: Dict[str, Reply] = {}
-        try:
+        with settled(record, self.redactor.scrub, also=(_Failed,)):
             self._measure(probe, record, replies)
             self._judge(record, replies)
-        except WrongModel as exc:
-            record.outcome, record.reason = Outcome.INCONCLUSIVE, self.redactor.scrub(wrong_model_reason(exc))
-        except (RequestError, ServerSetupError, _Failed) as exc:
-            record.outcome, record.reason = Outcome.ERROR, self.redactor.scrub(str(exc))
         record.duration_s = time.monotonic() - start
         return record
 
