@@ -136,13 +136,16 @@ class BatchRunner:
 
     def _under_load(self, record: BatchRecord, replies: Dict[str, Reply], run: int,
                     turn2: List[Dict[str, Any]], logprobs: bool) -> LoadRun:
-        """The measured request, sent ``lead_s`` after the background requests, while they are in flight."""
+        """The measured request, sent ``lead_s`` after every background request was on its way, while they are
+        in flight."""
         n = len(self._background)
         spans: List[Optional[Span]] = [None] * n
         failures: List[Optional[Exception]] = [None] * n
+        started = threading.Semaphore(0)
 
         def send(i: int) -> None:
             sent = time.monotonic()
+            started.release()
             try:
                 self.client.chat(self._background[i], max_tokens=self.shape.max_tokens,
                                  cache={**self.fields(), **self.client.no_early_stop()})
@@ -156,6 +159,9 @@ class BatchRunner:
         for t in threads:
             t.start()
         try:
+            # every background request on its way first (a busy machine may start threads late), then the lead
+            for _ in threads:
+                started.acquire(timeout=60)
             time.sleep(self.shape.lead_s)
             _, measured = self._ask(record, replies, f"load-{run}/turn-2", turn2, logprobs)
         finally:

@@ -38,7 +38,7 @@ def measure(emu: Any, n: int = 2, shape: BatchShape = SHAPE) -> List[BatchRecord
 
 
 def test_positive_control_a_batch_variant_server_is_caught(emulator):
-    emu = emulator(batch_variant=True, compute_seconds=0.3)
+    emu = emulator(batch_variant=True, compute_seconds=0.5)
     records = measure(emu)
     assert [r.outcome for r in records] == [Outcome.DIFFERENT] * 2, [r.reason for r in records]
     for r in records:
@@ -62,7 +62,7 @@ def test_positive_control_a_batch_variant_server_is_caught(emulator):
 
 
 def test_the_same_server_without_the_fault_gives_same(emulator):
-    emu = emulator(compute_seconds=0.3)
+    emu = emulator(compute_seconds=0.5)
     records = measure(emu)
     assert [r.outcome for r in records] == [Outcome.SAME] * 2, [r.reason for r in records]
     assert all(x.in_flight_at_send == 2 for r in records for x in r.loads)
