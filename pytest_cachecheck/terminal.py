@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import __version__
-from .kinds import BATCH
+from .kinds import BATCH, EPISODE, PROBE, Kind
 from .model import (STILL_SAME, CheckTally, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict,
                     shown)
 from .redact import display_url
@@ -43,13 +43,14 @@ def divergence_line(t: Tally) -> str:
             f"path.")
 
 
-def rate_line(t: Tally) -> Optional[str]:
+def rate_line(t: Tally, kind: Kind = PROBE) -> Optional[str]:
+    """The rate of a kind's valid items that differed, with its 95% Wilson interval (None: none valid)."""
     rate = t.rate
     if rate is None:
         return None
     lo, hi = rate.ci95
-    return (f"divergence rate {rate.value:.1%} (95% Wilson interval {lo:.1%} to {hi:.1%}, "
-            f"{counted(t.valid, 'valid probe')})")
+    return (f"{kind.rate_name} {rate.value:.1%} (95% Wilson interval {lo:.1%} to {hi:.1%}, "
+            f"{counted(t.valid, 'valid ' + kind.unit)})")
 
 
 def check_lines(t: Optional[CheckTally], unit: str = "probe", ids: bool = True) -> List[str]:
@@ -263,12 +264,7 @@ def trajectory_line(t: Tally) -> str:
 
 
 def trajectory_rate_line(t: Tally) -> Optional[str]:
-    rate = t.rate
-    if rate is None:
-        return None
-    lo, hi = rate.ci95
-    return (f"trajectory change rate {rate.value:.1%} (95% Wilson interval {lo:.1%} to {hi:.1%}, {t.valid} valid "
-            f"episodes)")
+    return rate_line(t, EPISODE)
 
 
 def _episode_lines(t: TargetReport, label: str, baseline_path: Optional[str], verbose: bool) -> List[Out]:
@@ -315,12 +311,8 @@ def batch_count_line(t: TargetReport) -> Optional[str]:
 def batch_rate_line(t: TargetReport) -> Optional[str]:
     """The rate of batch probes answered differently, with its 95% Wilson interval and the conditions."""
     s = t.batch_summary
-    rate = s.tally.rate if s is not None else None
-    if s is None or rate is None:
-        return None
-    lo, hi = rate.ci95
-    return (f"{s.conditions.label()}: {BATCH.rate_name} {rate.value:.1%} (95% Wilson interval {lo:.1%} to "
-            f"{hi:.1%}, {counted(s.tally.valid, 'valid ' + BATCH.unit)})")
+    line = rate_line(s.tally, BATCH) if s is not None else None
+    return f"{s.conditions.label()}: {line}" if s is not None and line else None
 
 
 def _batch_lines(t: TargetReport, label: str) -> List[Out]:

@@ -324,6 +324,7 @@ def test_wording_uses_the_right_number():
     assert terminal.divergence_line(Tally(probes=1, different=1)) == \
         "1 of 1 valid probe gave a different turn-2 answer on the cache path."
     assert terminal.rate_line(Tally(probes=1, same=1)).endswith(", 1 valid probe)")
+    assert terminal.trajectory_rate_line(Tally(probes=1, same=1)).endswith(", 1 valid episode)")
     assert judge([Count(PROBE, Tally(probes=1, different=1), unexpected=1)], 0.8).why == \
         "1 valid probe gave a different turn-2 answer"
     assert judge(Tally(probes=2, same=1, errors=1), 0.0).why == \
