@@ -26,7 +26,7 @@ from .kinds import BATCH
 from .model import BatchRecord, EpisodeRecord, ProbeRecord, record_key
 from .probes import Probe
 from .reporter import Reporter
-from .session import CheckSession, open_session
+from .session import CheckSession, Host, open_session
 from .settings import OPTIONS, ini_paths, lookup, native_toml_table, server_args_mistake, space_form_paths
 from .text import printable
 
@@ -74,26 +74,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cachecheck: a prompt-cache divergence probe (pytest-cachecheck)")
     config.stash[STATE] = None
-    role, handoff = _collect.Role.of(config), _collect.Handoff.from_config(config)
+    role = Role.of(config)
+    host = _host(config, role)
     try:
-        session = open_session(_raw_options(config, role), Path(config.invocation_params.dir), handoff=handoff,
-                               start_server=_start_served if role is not Role.WORKER else None,
-                               own_replica=lambda s: _collect.own_replica(
-                                   s, _collect.worker_id(config), getattr(config.option, "numprocesses", None)),
-                               other_outputs={"--junitxml": _junitxml(config),
-                                              "--json-report-file": _json_report_file(config)},
-                               server_kinds=lambda: config.hook.pytest_cachecheck_server_kinds(config=config))
+        session = open_session(_raw_options(config, role), Path(config.invocation_params.dir), host)
     except ConfigError as exc:
         raise pytest.UsageError(f"cachecheck: {exc}") from None
     if session is None:
         return
-    state = config.stash[STATE] = State(session, role, _collect.placement_for(role, session.settings, handoff))
-    # SIGTERM ends the run as Ctrl-C does; the process that writes the report also guards it from a second,
-    # until pytest is done (a cleanup runs after every pytest_unconfigure, pytest's own included)
-    state.interrupts.install(sigint=role is not Role.WORKER)
-    config.add_cleanup(state.interrupts.restore)
+    state = config.stash[STATE] = State(session, role, _collect.placement_for(role, session.settings, host.handoff))
+    state.interrupts.install(sigint=role is not Role.WORKER)  # SIGTERM ends the run as Ctrl-C does
+    config.add_cleanup(state.interrupts.restore)  # after every pytest_unconfigure, pytest's own included
     if role is not Role.WORKER:
         config.pluginmanager.register(Reporter(config, state), "cachecheck-reporter")
+
+
+def _host(config: pytest.Config, role: Role) -> Host:
+    """What pytest gives the session: a worker's handoff, how the controller starts a served server, this
+    process's replica, the files other plugins write, the server kinds hook."""
+    return Host(handoff=_collect.Handoff.from_config(config),
+                start_server=_start_served if role is not Role.WORKER else None,
+                own_replica=lambda s: _collect.own_replica(s, _collect.worker_id(config),
+                                                           getattr(config.option, "numprocesses", None)),
+                other_outputs={"--junitxml": _junitxml(config), "--json-report-file": _json_report_file(config)},
+                server_kinds=lambda: config.hook.pytest_cachecheck_server_kinds(config=config))
 
 
 def _raw_options(config: pytest.Config, role: Role) -> Dict[str, Any]:

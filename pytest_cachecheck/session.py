@@ -6,6 +6,7 @@ ConfigError before any request. Knows nothing about pytest.
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional
 
@@ -131,20 +132,30 @@ class CheckSession:
                 for name, runner in self.runners.items()]
 
 
-def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Handoff"] = None,
-                 start_server: Optional[Callable[[str, Optional[str], bool], "Served"]] = None,
-                 own_replica: Callable[[Settings], Settings] = lambda s: s,
-                 other_outputs: Optional[Mapping[str, Optional[str]]] = None,
-                 server_kinds: Callable[[], Iterable[Any]] = tuple) -> Optional[CheckSession]:
+@dataclass(frozen=True)
+class Host:
+    """What the process hosting the session (pytest, for the plugin) gives it, in one value.
+
+    ``handoff``: on an xdist worker, what its controller read and started (the probes, episodes, the
+    baseline's known divergences, the served server), used instead of the files (a worker may not be able to
+    read them again: a pipe is the controller's); ``start_server``: how the controller starts
+    ``--cachecheck-serve``'s server, once all else is valid (told whether an episode calls tools: the demo
+    then serves its tool-call model), None on a worker; ``own_replica``: the replica this process measures
+    on; ``other_outputs``: files other plugins write, by option (no output may be another's file);
+    ``server_kinds``: calls the ``pytest_cachecheck_server_kinds`` hook (when the servers are detected, so
+    that a plugin registered after this session still counts)."""
+
+    handoff: Optional["Handoff"] = None
+    start_server: Optional[Callable[[str, Optional[str], bool], "Served"]] = None
+    own_replica: Callable[[Settings], Settings] = lambda s: s
+    other_outputs: Mapping[str, Optional[str]] = dataclasses.field(default_factory=dict)
+    server_kinds: Callable[[], Iterable[Any]] = tuple
+
+
+def open_session(raw: Dict[str, Any], base_dir: Path, host: Host = Host()) -> Optional[CheckSession]:
     """The session for these raw option values (command line over ini over environment), or None when
-    no server is given (the plugin stays off). ``handoff``: on an xdist worker, what its controller read and
-    started (the probes, episodes, the baseline's known divergences, the served server), used instead of the
-    files (a worker may not be able to read them again: a pipe is the controller's); ``start_server``: how
-    the controller starts ``--cachecheck-serve``'s server, once all else is valid (told whether an episode
-    calls tools: the demo then serves its tool-call model); ``own_replica``: the
-    replica this process measures on; ``other_outputs``: files other plugins write, by option (no output may
-    be another's file); ``server_kinds``: calls the ``pytest_cachecheck_server_kinds`` hook (when the servers
-    are detected, so that a plugin registered after this session still counts). Raises ConfigError."""
+    no server is given (the plugin stays off). Raises ConfigError."""
+    handoff = host.handoff
     probes = list(handoff.probes) if handoff is not None else None
     episodes = list(handoff.episodes) if handoff is not None else None
     settings = resolve(raw, base_dir=base_dir)
@@ -156,8 +167,8 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Hand
         check_serve_args(settings.serve, settings.server_args)
         if handoff is not None and handoff.served_url:  # a worker: the controller's server
             settings = dataclasses.replace(settings, url=handoff.served_url, replicas=(handoff.served_url,))
-    check_outputs(settings, other_outputs or {})
-    settings = own_replica(settings)
+    check_outputs(settings, host.other_outputs)
+    settings = host.own_replica(settings)
     try:
         if probes is None:
             probes = load_probes(settings.probe_files) if settings.probe_files else builtin_probes()
@@ -176,11 +187,11 @@ def open_session(raw: Dict[str, Any], base_dir: Path, *, handoff: Optional["Hand
             raise ConfigError(f"--cachecheck-episodes: bad episode file: {exc}") from None
     baselines = _baselines(settings) if handoff is None else {}
     served = None
-    if settings.serve and start_server is not None:
+    if settings.serve and host.start_server is not None:
         assert settings.serve is not None
-        served = start_server(settings.serve, settings.server_args, any(e.tools for e in episodes or ()))
+        served = host.start_server(settings.serve, settings.server_args, any(e.tools for e in episodes or ()))
         settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))
-    session = CheckSession(settings, probes, probe_set, baselines, served, episodes, server_kinds)
+    session = CheckSession(settings, probes, probe_set, baselines, served, episodes, host.server_kinds)
     session.known_different = handoff.known_different if handoff is not None else None
     return session
 
