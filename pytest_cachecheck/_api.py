@@ -5,7 +5,7 @@ object test authors get from the fixture."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 import pytest
 
@@ -31,6 +31,10 @@ BATCH_RECORD = "cachecheck_batch"  # user_properties key of a batch record
 #: kind name -> (the user_properties key of its items' records, the record class)
 ITEM_RECORDS = {PROBE.name: (RECORD, ProbeRecord), EPISODE.name: (EPISODE_RECORD, EpisodeRecord),
                 BATCH.name: (BATCH_RECORD, BatchRecord)}
+#: every user_properties key of a record -> (its kind name, whether it is a test's own measurement, the class)
+PROPERTIES: Dict[str, Tuple[str, bool, Any]] = {
+    **{key: (name, False, cls) for name, (key, cls) in ITEM_RECORDS.items()},
+    CHECK_RECORD: (PROBE.name, True, ProbeRecord), EPISODE_CHECK_RECORD: (EPISODE.name, True, EpisodeRecord)}
 FLIP = "cachecheck_flip"  # user_properties key (a JUnit property) of an item whose outcome checks flipped
 
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 import pytest
 
 from . import _collect, _items, hookspecs
-from ._api import BATCH_RECORD, EPISODE_RECORD, RECORD, STATE, CacheCheck, State, measure_item
+from ._api import ITEM_RECORDS, STATE, CacheCheck, State, measure_item
 from ._collect import Role
 from .episodes import Episode
 from .errors import ConfigError
@@ -315,7 +315,7 @@ def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> Op
     of pytest-json-report's test entry, with ``kind``: ``probe``, ``episode`` or ``batch``."""
     if call.when != "call" and call.when != "setup":
         return None
-    kinds = {RECORD: "probe", EPISODE_RECORD: "episode", BATCH_RECORD: "batch"}
+    kinds = {key: name for name, (key, _) in ITEM_RECORDS.items()}
     for name, value in getattr(item, "user_properties", []):
         if name in kinds:
             return {"cachecheck": {"kind": kinds[name], **value}}

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, Generator, List, Optional, Set, Tuple, Type, Union
+from typing import Any, Dict, Generator, List, Optional, Set, Tuple, Union
 
 import pytest
 
 from . import _collect, _items, terminal
-from ._api import BATCH_RECORD, CHECK_RECORD, EPISODE_CHECK_RECORD, EPISODE_RECORD, RECORD, State
+from ._api import BATCH_RECORD, CHECK_RECORD, PROPERTIES, RECORD, State
 from .files import write_report
 from .kinds import BATCH, EPISODE, KINDS, PROBE
 from .model import BatchRecord, EpisodeRecord, ProbeRecord, RunReport, Status, Verdict
@@ -36,11 +36,6 @@ class JsonRecord(Dict[str, Any]):
 
 
 Record = Union[ProbeRecord, EpisodeRecord, BatchRecord]
-#: user_properties key -> (the kind, whether it is a test's own measurement, the record class)
-PROPERTIES: Dict[str, Tuple[str, bool, Type[Any]]] = {
-    RECORD: (PROBE.name, False, ProbeRecord), CHECK_RECORD: (PROBE.name, True, ProbeRecord),
-    EPISODE_RECORD: (EPISODE.name, False, EpisodeRecord),
-    EPISODE_CHECK_RECORD: (EPISODE.name, True, EpisodeRecord), BATCH_RECORD: (BATCH.name, False, BatchRecord)}
 
 
 @dataclass
