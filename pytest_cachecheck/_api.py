@@ -13,8 +13,8 @@ from . import _collect
 from .episodes import Episode
 from .errors import JudgeError, RequestError
 from .interrupts import Interrupts
-from .kinds import BATCH, EPISODE, PROBE, Kind
-from .model import BatchRecord, EpisodeRecord, Outcome, ProbeRecord, record_key
+from .kinds import BATCH, EPISODE, ORDER, PROBE, Kind
+from .model import BatchRecord, EpisodeRecord, OrderRecord, Outcome, ProbeRecord, record_key
 from .probes import Probe, parse_probe
 from .redact import display_url
 from .session import CheckSession
@@ -28,9 +28,10 @@ CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check()
 EPISODE_RECORD = "cachecheck_episode"  # user_properties key of an episode record
 EPISODE_CHECK_RECORD = "cachecheck_episode_check"  # of a cachecheck.episode() record
 BATCH_RECORD = "cachecheck_batch"  # user_properties key of a batch record
+ORDER_RECORD = "cachecheck_order"  # user_properties key of an order record
 #: kind name -> (the user_properties key of its items' records, the record class)
 ITEM_RECORDS = {PROBE.name: (RECORD, ProbeRecord), EPISODE.name: (EPISODE_RECORD, EpisodeRecord),
-                BATCH.name: (BATCH_RECORD, BatchRecord)}
+                BATCH.name: (BATCH_RECORD, BatchRecord), ORDER.name: (ORDER_RECORD, OrderRecord)}
 #: every user_properties key of a record -> (its kind name, whether it is a test's own measurement, the class)
 PROPERTIES: Dict[str, Tuple[str, bool, Any]] = {
     **{key: (name, False, cls) for name, (key, cls) in ITEM_RECORDS.items()},
@@ -52,6 +53,10 @@ class State:
         #: record key -> the record of each probe and episode item this process measured: an item run again
         #: (pytest-rerunfailures) reports its first measurement, so a divergence cannot vanish on a rerun
         self.measured: Dict[Any, Any] = {}  # (kind name, record key) -> record
+        #: target -> the probes its order items measure as one set (the selected ones), and id -> the record
+        #: each got from the set's one run (finished by its own item, as any other record)
+        self.order_sets: Dict[Optional[str], List[Probe]] = {}
+        self.orders: Dict[Optional[str], Dict[str, OrderRecord]] = {}
 
     @property
     def controller_of_workers(self) -> bool:
@@ -87,6 +92,8 @@ def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Pro
         try:
             if kind == BATCH:
                 record = _batch(runner, case, state)
+            elif kind == ORDER:
+                record = _order(runner, case, target, state)
             elif isinstance(case, Probe):
                 record = runner.run(case)
             else:
@@ -100,7 +107,9 @@ def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Pro
                 f"answer was not what the plugin can read; please report it)"))
     if kind == BATCH and state.session.batch_shape is not None:
         record.shape = state.session.batch_shape  # an error record made here names the conditions too
-    if case.expect is not None and kind != BATCH:  # a batch probe's answers are not judged
+    if kind == ORDER and state.session.order_conditions is not None:
+        record.conditions = state.session.order_conditions
+    if case.expect is not None and kind not in (BATCH, ORDER):  # a batch or order probe's answers are not judged
         record.check_results = case.expect.judge(record)  # on the answers as given, before any scrubbing
     record.target = target
     record.server_url = display_url(runner.settings.url)
@@ -126,6 +135,31 @@ def _batch(runner: Runner, probe: Probe, state: State) -> BatchRecord:
     return record
 
 
+def _order(runner: Runner, probe: Probe, target: Optional[str], state: State) -> OrderRecord:
+    """A probe's record from the order kind's one run of its target's set (``state.order_sets``: the
+    selected order items' probes), made by the first of them to ask; a setup error is every record's."""
+    from .order import OrderRunner
+    from .validity import settled
+
+    conditions = state.session.order_conditions
+    assert conditions is not None
+    done = state.orders.setdefault(target, {})
+    if probe.id not in done:  # the first order item of this target (or one the set did not hold)
+        probes = [p for p in state.order_sets.get(target, []) if p.id not in done] or [probe]
+        if probe.id not in {p.id for p in probes}:
+            probes.append(probe)
+        failed = OrderRecord(id="", source="", fingerprint="", outcome=Outcome.ERROR, conditions=conditions)
+        with settled(failed, runner.redactor.scrub):
+            s, setup = runner.settings, runner.prepare()
+            order = OrderRunner(setup.cache, conditions, max_tokens=s.max_tokens, logprobs=s.logprobs,
+                                skip_hit_check=s.skip_hit_check, redactor=runner.redactor)
+            done.update({r.id: r for r in order.run(probes)})
+        for p in probes:
+            done.setdefault(p.id, OrderRecord(id=p.id, source=p.source, fingerprint=p.fingerprint,
+                                              outcome=Outcome.ERROR, conditions=conditions, reason=failed.reason))
+    return done[probe.id]
+
+
 def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], target: Optional[str],
                  kind: Optional[Kind] = None) -> Any:
     """The record of a probe, episode or batch item (``kind``; default by the case): measured once per
@@ -138,6 +172,11 @@ def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], ta
     key = record_key(case.id, target)
     record = state.measured.get((kind.name, key))
     if record is None:
+        if kind == ORDER and target not in state.order_sets:  # the set: the order items this session runs
+            state.order_sets[target] = [
+                item.callspec.params[_collect.PARAMS[ORDER.name]] for item in request.session.items
+                if _collect.item_key(item) is not None and _collect.item_key(item)[0] == ORDER.name
+                and _collect.item_target(item) == target]
         record = measure(request.config, state, state.session.runner(target), case, target, kind)
         record.expected = state.session.expectation(record)
         state.measured[(kind.name, key)] = record
@@ -145,7 +184,7 @@ def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], ta
     if getattr(record, "check_results", None) is not None and record.flip:
         request.node.user_properties.append((FLIP, f"{record.flip}: {record.check_results.flip_text()}"))
     if record.outcome == Outcome.ERROR:
-        pytest.fail(f"cachecheck: {record.message() if kind == BATCH else record.reason}", pytrace=False)
+        pytest.fail(f"cachecheck: {record.message() if kind in (BATCH, ORDER) else record.reason}", pytrace=False)
     return record
 
 

@@ -37,11 +37,12 @@ if TYPE_CHECKING:
     from .session import CheckSession
 
 MODULE = "cachecheck"  # the node id of the synthetic module of probe items
-PROBE, EPISODE, BATCH = (k.name for k in KINDS)  # the kinds of item, named as their test functions in _items
+PROBE, EPISODE, BATCH, ORDER = (k.name for k in KINDS)  # the kinds of item, named as their test functions in _items
 GATE_NODEID = f"{MODULE}::{_items.GATE}"
 ITEM_PREFIXES = tuple(f"{MODULE}::{k.name}[" for k in KINDS)
 #: kind -> the parameter its item's case comes in (a batch item's case is a probe too)
-PARAMS = {PROBE: "cachecheck_probe", EPISODE: "cachecheck_episode", BATCH: "cachecheck_batch"}
+PARAMS = {PROBE: "cachecheck_probe", EPISODE: "cachecheck_episode", BATCH: "cachecheck_batch",
+          ORDER: "cachecheck_order"}
 FIXTURE = "cachecheck"
 #: --dist modes the plugin's scheduler stands in for; ``each`` runs every test on every worker
 DIST_MODES = ("load", "loadscope", "loadfile", "loadgroup", "worksteal")
@@ -60,7 +61,7 @@ def nodeid(kind: str, key: str) -> str:
 def item_key(item: pytest.Item) -> Optional[Tuple[str, str]]:
     """(kind, record key) of a probe, episode or batch item; None for any other item."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    for kind, cls in ((PROBE, Probe), (EPISODE, Episode), (BATCH, Probe)):
+    for kind, cls in ((PROBE, Probe), (EPISODE, Episode), (BATCH, Probe), (ORDER, Probe)):
         case = params.get(PARAMS[kind])
         if isinstance(case, cls):
             return kind, record_key(case.id, params.get("cachecheck_target"))
@@ -72,7 +73,8 @@ def nodeids(session: CheckSession) -> Dict[str, Tuple[str, str]]:
     controller, which collects nothing itself, knows its workers' items by."""
     return {**{nodeid(PROBE, k): (PROBE, k) for k in session.keys()},
             **{nodeid(EPISODE, k): (EPISODE, k) for k in session.episode_keys()},
-            **{nodeid(BATCH, k): (BATCH, k) for k in session.batch_keys()}}
+            **{nodeid(BATCH, k): (BATCH, k) for k in session.batch_keys()},
+            **{nodeid(ORDER, k): (ORDER, k) for k in session.order_keys()}}
 
 
 class ProbeModule(pytest.Module):
@@ -89,11 +91,11 @@ class ProbeModule(pytest.Module):
 
 
 def collect_probe_items(session: pytest.Session, episodes: bool = False,
-                        batch: bool = False) -> List[pytest.Item]:
+                        batch: bool = False, order: bool = False) -> List[pytest.Item]:
     """The probe (episode, batch) items, collected from the synthetic module and reported as its
     collection."""
     module = ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid=MODULE, name=MODULE)
-    module.functions = (PROBE,) + ((EPISODE,) if episodes else ()) + ((BATCH,) if batch else ())
+    module.functions = (PROBE,) + ((EPISODE,) if episodes else ()) + ((BATCH,) if batch else ()) + ((ORDER,) if order else ())
     items: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
     session.config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None,
                                                                         list(items)))
@@ -163,6 +165,8 @@ class Placement:
         """The work unit of a test that sends to a server, or None for any other test."""
         prefix = next((p for p in ITEM_PREFIXES if nodeid.startswith(p)), None)
         if prefix is not None:
+            if self.replicas and prefix == f"{MODULE}::{ORDER}[":
+                return "cachecheck-order"  # the order items of one run measure one set, on one server
             if self.replicas:
                 return "cachecheck-probe:" + nodeid  # each worker measures on a server of its own
             if self.targets and not self.fixture_users():

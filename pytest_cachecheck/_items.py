@@ -14,12 +14,12 @@ import pytest
 from .model import Outcome
 
 if TYPE_CHECKING:
-    from .model import BatchRecord, EpisodeRecord, ProbeRecord, Verdict
+    from .model import BatchRecord, EpisodeRecord, OrderRecord, ProbeRecord, Verdict
 
 GATE = "gate"  # the gate item's name: node id ``cachecheck::gate``
 
 
-def _verdict(result: "ProbeRecord | EpisodeRecord | BatchRecord", reason: Optional[str] = None) -> None:
+def _verdict(result: "ProbeRecord | EpisodeRecord | BatchRecord | OrderRecord", reason: Optional[str] = None) -> None:
     """An invalid measurement is a skip (with ``reason``, default the record's), an expected divergence
     (``result.expected``, decided once where the record was made) an xfail, any other divergence a failure."""
     if result.outcome == Outcome.INCONCLUSIVE:
@@ -43,6 +43,11 @@ def episode(cachecheck_episode: object, cachecheck_episode_result: EpisodeRecord
 @pytest.mark.cachecheck
 def batch(cachecheck_batch: object, cachecheck_batch_result: BatchRecord) -> None:
     _verdict(cachecheck_batch_result, cachecheck_batch_result.message())  # each message names the conditions
+
+
+@pytest.mark.cachecheck
+def order(cachecheck_order: object, cachecheck_order_result: OrderRecord) -> None:
+    _verdict(cachecheck_order_result, cachecheck_order_result.message())  # each message names the conditions
 
 
 class GateItem(pytest.Item):

@@ -39,7 +39,7 @@ from .files import write_text
 from .model import (CACHE_FAILS, CACHE_PASSES, CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE,
                     NEWLY_DIVERGED, NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE,
                     STILL_SAME, BatchRecord, CheckResult, CheckResults, CheckTally, Comparison, EpisodeRecord,
-                    EpisodeStep, Outcome,
+                    EpisodeStep, OrderRecord, Outcome,
                     ProbeRecord, Rate, RunReport, ServerDescription, Status, Summary, TargetReport)
 from .probes import read_resource
 from .protocol import first_difference
@@ -697,6 +697,60 @@ def _batches_section(t: TargetReport, suffix: str) -> Markup:
     return join(out)
 
 
+# --------------------------------------------------------------------------- order probes
+
+_ORDER_GROUPS = (("different", "Answered differently in another order and state", "pass B (reversed, other "
+                  "conversations between) gave another answer than pass A"),
+                 ("inconclusive", "Inconclusive", "not valid: see the reason"),
+                 ("error", "Errors", "a request or server error, the other conversations' included"),
+                 ("same", "Same answer", "both passes gave the same turn-1 and turn-2 answers"))
+
+
+def _order_article(o: OrderRecord, anchor: str) -> Markup:
+    out = [h("div", {"class": "probe-head"}, h("h4", {}, o.key), _badge(o.outcome.value),
+             h("span", {"class": "why"}, o.source), h("span", {"class": "why"}, f"{o.duration_s:.2f} s")),
+           h("p", {"class": "why"}, o.conditions.label())]
+    if o.reason:
+        out.append(h("pre", {"class": "reason"}, o.reason))
+    answers = {r.step: r.content for r in o.requests}
+    turn = o.parted_turn or 2
+    a, b = answers.get(f"A/turn-{turn}"), answers.get(f"B/turn-{turn}")
+    if a is not None or b is not None:
+        at = o.divergence.char if o.divergence is not None else None
+        places = o.positions + [0] * (2 - len(o.positions))
+        out.append(h("table", {"class": "grid"},
+                     h("tr", {}, h("th", {}, f"pass A, turn {turn} (position {places[0]})"),
+                       h("th", {}, f"pass B, turn {turn} (position {places[1]})")),
+                     h("tr", {}, h("td", {}, _answer_html(a, at)), h("td", {}, _answer_html(b, at)))))
+    if o.requests:
+        out.append(h("p", {"class": "why"}, "cached tokens: " + "; ".join(
+            f"{r.step} {r.cached_tokens} of {r.prompt_tokens}" for r in o.requests)))
+    return h("article", {"class": f"probe o-{o.outcome.value}", "id": anchor}, out)
+
+
+def _orders_section(t: TargetReport, suffix: str) -> Markup:
+    """A target's order probes, under their conditions: counts, the rate, and each probe's answers of the two
+    passes side by side, with the state each request reused."""
+    if t.orders is None or t.order_summary is None:
+        return Markup()
+    s = t.order_summary
+    out = [h("h2", {"id": f"orders{suffix}"}, f"Order probes ({len(t.orders)})"),
+           h("p", {"class": "why"}, "The probe set sent as an application would (the server's own cache "
+             "defaults), twice: in file order, then reversed with other conversations between. Does an answer "
+             "change with the order and the state earlier conversations left?"),
+           h("p", {"id": f"order-conditions{suffix}"}, h("b", {}, s.conditions.label())),
+           h("p", {}, _figures((("order probes", s.tally.probes), ("valid", s.tally.valid),
+                                ("same", s.tally.same), ("different", s.tally.different),
+                                ("inconclusive", s.tally.inconclusive), ("errors", s.tally.errors)))),
+           h("p", {}, _rate_html(s.tally.rate, "order divergence rate", "order probe"))]
+    anchors = {o.id: f"order-{i}{suffix}" for i, o in enumerate(t.orders)}
+    for outcome, title, why in _ORDER_GROUPS:
+        members = [_order_article(o, anchors[o.id]) for o in t.orders if o.outcome.value == outcome]
+        if members:
+            out.append(_group(title, why, members, outcome == "same"))
+    return join(out)
+
+
 # --------------------------------------------------------------------------- the page's parts
 
 def _verdict_box(report: RunReport, probes: Dict[Optional[str], List[_Probe]]) -> Markup:
@@ -799,7 +853,7 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[Markup]:
     anchors: Dict[str, str] = {}
     for p in probes:
         anchors.setdefault(p.record.id, p.anchor)
-    only_episodes = not probes and bool(t.episodes or t.batches)
+    only_episodes = not probes and bool(t.episodes or t.batches or t.orders)
     parts = [_verdict_box(report, {None: probes})]
     if not only_episodes:
         parts += [h("h2", {}, "Summary"), _counts(s, True), h("p", {"id": "rate"}, _rate_html(s.rate)),
@@ -809,7 +863,7 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[Markup]:
         parts.append(_comparison_section(t.baseline, anchors, title="Baseline comparison", ident="baseline"))
     if not only_episodes:
         parts += [h("h2", {"id": "probes"}, f"Probes ({len(probes)})"), _probe_groups(probes, "")]
-    parts += [_episodes_section(t, ""), _batches_section(t, "")]
+    parts += [_episodes_section(t, ""), _batches_section(t, ""), _orders_section(t, "")]
     server = t.setup.server
     rows: List[Tuple[str, Any]] = [("mode", t.setup.mode or report.settings.get("mode") or "?"),
                                    ("server", _server_text(server))]
@@ -910,6 +964,7 @@ def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], Li
                   f"differed only on {ref.name}.")))
     out += [h("h3", {"id": f"probes-{i}"}, f"Probes on {t.name} ({len(probes)})"),
             _probe_groups(probes, f"-{i}"), _episodes_section(t, f"-{i}"), _batches_section(t, f"-{i}"),
+            _orders_section(t, f"-{i}"),
             h("details", {}, h("summary", {}, f"setup of {t.name}"), _kv_table(_setup_rows(t), f"setup-{i}"))]
     return h("section", {"class": "target", "id": f"target-{i}"}, out)
 

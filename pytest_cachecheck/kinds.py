@@ -34,7 +34,11 @@ EPISODE = Kind("episode", "episodes", "changed trajectory", "changed trajectory"
 #: a probe's turn 2 alone and amid other requests, the cache off (batch.py)
 BATCH = Kind("batch", "batch probes", "answered differently amid other requests",
              "answered differently amid other requests", "batch divergence rate", word="batch probe")
-KINDS = (PROBE, EPISODE, BATCH)
+#: the probe set sent as an application would, twice, in another order and with other conversations between
+#: (order.py)
+ORDER = Kind("order", "order probes", "answered differently in another order and state",
+             "answered differently in another order and state", "order divergence rate", word="order probe")
+KINDS = (PROBE, EPISODE, BATCH, ORDER)
 
 
 def listed(words: Sequence[str], conjunction: str) -> str:

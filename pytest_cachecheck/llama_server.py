@@ -313,7 +313,7 @@ class LlamaServer:
     Launches ``binary -m model -np 1 --cache-ram 0 --host <host> --port <port> [--no-ui]
     <extra_args>`` with stdout and stderr going to a log file (``--no-ui``, or ``--no-webui`` on
     older builds, only if ``--help`` lists it).  ``--cache-ram 0`` turns off the host-memory prompt
-    cache, so only the slot's own KV cache can serve a prefix.  Use as a context manager or call
+    cache, so only the slot's own KV cache can serve a prefix (``cache_ram`` MiB turns it on).  Use as a context manager or call
     :meth:`start` / :meth:`stop`.
     """
 
@@ -325,10 +325,12 @@ class LlamaServer:
         host: str = "127.0.0.1",
         port: Optional[int] = None,
         log_path: "os.PathLike[str] | str | None" = None,
+        cache_ram: int = 0,
     ) -> None:
         self.binary = Path(binary)
         self.model = Path(model)
         self.extra_args = tuple(str(a) for a in extra_args)
+        self.cache_ram = cache_ram  # MiB of host-memory prompt cache (--cache-ram); 0: off
         self.host = host
         self.port = port
         self._own_log = log_path is None
@@ -341,7 +343,7 @@ class LlamaServer:
     def command(self) -> list[str]:
         """The command line used by :meth:`start` (port must be known)."""
         cmd = [
-            str(self.binary), "-m", str(self.model), "-np", "1", "--cache-ram", "0",
+            str(self.binary), "-m", str(self.model), "-np", "1", "--cache-ram", str(self.cache_ram),
             "--host", self.host, "--port", str(self.port),
         ]
         ui_off = ui_off_flag(self.binary)

@@ -718,6 +718,84 @@ class BatchRecord(_Measured):
         return f"[{self.shape.label()}] {self.reason}" if self.reason else ""
 
 
+# -- one order probe (the measurement is order.py's) -------------------------------------------------------
+@dataclass(frozen=True)
+class OrderConditions(_Json):
+    """How the order kind sent the probe set: ``between`` other conversations (generated like the batch
+    kind's background, from ``seed``, ``prompt_words`` words answered up to ``max_tokens`` tokens) before each
+    probe of the reversed pass B; no cache control fields; ``cache_ram``: the ``--cache-ram`` (MiB) of the
+    llama-server the plugin started (None when it did not start the server)."""
+
+    between: int = 1
+    prompt_words: int = 60
+    max_tokens: int = 32
+    seed: int = 0
+    cache_ram: Optional[int] = None
+
+    @classmethod
+    def of(cls, settings: Any) -> Optional["OrderConditions"]:
+        """The conditions a run's settings ask for (--cachecheck-order); None when off."""
+        if not getattr(settings, "order", False):
+            return None
+        return cls(between=settings.order_between,
+                   cache_ram=settings.serve_cache_ram if settings.serve is not None else None)
+
+    def label(self) -> str:
+        """The conditions, as every line about the order kind names them."""
+        served = f"; served llama-server --cache-ram {self.cache_ram}" if self.cache_ram is not None else ""
+        return (f"order: server defaults, no cache fields; reversed, {self.between} other "
+                f"conversation{'s' * (self.between != 1)} between{served}")
+
+    def others(self) -> List[List[Dict[str, str]]]:
+        """The other conversations' messages (sharing no text with any probe), the same in every run."""
+        return BatchShape(concurrent=self.between, prompt_words=self.prompt_words, max_tokens=self.max_tokens,
+                          seed=self.seed).messages()
+
+
+@dataclass
+class OrderRecord(_Measured):
+    """One probe's conversation sent twice as an application would: pass A in file order, pass B reversed
+    with other conversations between. ``divergence`` reuses the cache measurement's type: its cache side is
+    pass A's answer, its recompute side pass B's (of ``parted_turn``)."""
+
+    id: str
+    source: str = _j(missing="")
+    fingerprint: str = _j(missing="")
+    outcome: Outcome
+    conditions: OrderConditions = _j(default_factory=OrderConditions)
+    reason: str = ""
+    divergence: Optional[Divergence] = None
+    parted_turn: Optional[int] = None  # 1 or 2: the turn whose answers the divergence reads
+    positions: List[int] = _j(default_factory=list)  # this probe's place (1-based) in pass A and in pass B
+    requests: List[Request] = field(default_factory=list)  # named A/turn-1, A/turn-2, B/turn-1, B/turn-2
+    duration_s: float = _SECONDS
+    target: Optional[str] = _j(default=None, omit=True)
+    server_url: Optional[str] = None
+    worker: Optional[str] = None
+    run: Optional[Setup] = _j(default=None, omit=True)
+    expected: Optional[str] = _j(default=None, omit=True)  # as ProbeRecord.expected
+
+    def __repr__(self) -> str:
+        return f"OrderRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
+
+    @property
+    @_derived(after="id")
+    def kind(self) -> str:
+        return "order"
+
+    @property
+    def different(self) -> bool:
+        return self.outcome == Outcome.DIFFERENT
+
+    def line(self) -> str:
+        """``<id> [order: ...] <outcome>``: one line naming the conditions it ran under."""
+        return f"{self.id} [{self.conditions.label()}] {self.outcome.value}"
+
+    def message(self) -> str:
+        """The reason, naming the conditions: what a user sees for this outcome."""
+        return f"[{self.conditions.label()}] {self.reason}" if self.reason else ""
+
+
 # -- counts, rates and verdicts ---------------------------------------------------------------------------
 @dataclass
 class Tally(_Json):
@@ -939,6 +1017,24 @@ class BatchSummary(_Rated, _Json):
         return cls(tally=Tally.of(records), conditions=shape, not_run=list(not_run))  # type: ignore[arg-type]
 
 
+@dataclass
+class OrderSummary(_Rated, _Json):
+    """The order probes' counts, the rate of answers changed by order and state, and the conditions."""
+
+    tally: Tally = _j(flat={})
+    conditions: OrderConditions = _j(default_factory=OrderConditions)
+    not_run: List[str] = field(default_factory=list)
+
+    @property  # type: ignore[override]
+    def rate(self) -> Optional[Rate]:
+        return self.tally.rate
+
+    @classmethod
+    def of(cls, records: Sequence["OrderRecord"], conditions: OrderConditions, not_run: Sequence[str] = ()
+           ) -> "OrderSummary":
+        return cls(tally=Tally.of(records), conditions=conditions, not_run=list(not_run))  # type: ignore[arg-type]
+
+
 # -- comparisons (with a baseline, or of a matrix target with the first) ----------------------------------
 STILL_SAME = "still same"
 STILL_DIFFERENT = "still different"
@@ -1041,6 +1137,9 @@ class TargetReport(_Json):
     #: the batch probes (None when the batch kind was off) and their summary
     batches: Optional[List[BatchRecord]] = _j(default=None, write=False, read=False)
     batch_summary: Optional[BatchSummary] = _j(default=None, omit=True)
+    #: the order probes (None when the order kind was off) and their summary
+    orders: Optional[List[OrderRecord]] = _j(default=None, write=False, read=False)
+    order_summary: Optional[OrderSummary] = _j(default=None, omit=True)
 
     def check_tallies(self) -> Tuple[Optional[CheckTally], Optional[CheckTally]]:
         """The outcome checks of the probes and of the episodes (None where none had checks)."""
@@ -1105,6 +1204,14 @@ class RunReport(_Json):
         return [b for t in self.targets for b in t.batches or []]
 
     @property
+    @_derived(after="targets", key="orders", omit=True)
+    def order_records(self) -> Optional[List[OrderRecord]]:
+        """Every target's order probes; None when the order kind was off."""
+        if all(t.orders is None for t in self.targets):
+            return None
+        return [o for t in self.targets for o in t.orders or []]
+
+    @property
     @_derived(after="episode_checks", omit=True)
     def own_check_summary(self) -> Optional[CheckTally]:
         """The outcome checks of the tests' own measurements (``checks``, ``episode_checks``); None when none
@@ -1154,8 +1261,10 @@ class RunReport(_Json):
         probes = _typed(List[ProbeRecord], f["probes"])
         episodes = _typed(List[EpisodeRecord], f["episodes"]) if f["episodes"].value is not None else []
         batches = _typed(List[BatchRecord], f["batches"]) if f["batches"].value is not None else None
+        orders = _typed(List[OrderRecord], f["orders"]) if f["orders"].value is not None else None
         names = {t.name for t in report.targets}
-        for kind, records in (("probes", probes), ("episodes", episodes), ("batches", batches or [])):
+        for kind, records in (("probes", probes), ("episodes", episodes), ("batches", batches or []),
+                              ("orders", orders or [])):
             for i, r in enumerate(records):
                 if r.target not in names:
                     raise ReportError(f"field '{kind}[{i}].target': {str(r.target)[:60]!r} names none of "
@@ -1164,6 +1273,7 @@ class RunReport(_Json):
             t.probes = [p for p in probes if p.target == t.name]
             t.episodes = [e for e in episodes if e.target == t.name] if report.episode_set is not None else None
             t.batches = [b for b in batches if b.target == t.name] if batches is not None else None
+            t.orders = [o for o in orders if o.target == t.name] if orders is not None else None
             t.summary = t.summary or Summary(tally=Tally.of(t.probes), status=Status.PASSED, why="")
         report.summary = report.summary or report.targets[0].summary
         report.probe_set = report.probe_set or ProbeSet(name="?", count=len(probes), fingerprint="")

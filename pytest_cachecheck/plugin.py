@@ -22,8 +22,8 @@ from ._api import ITEM_RECORDS, STATE, CacheCheck, State, measure_item
 from ._collect import Role
 from .episodes import Episode
 from .errors import ConfigError
-from .kinds import BATCH
-from .model import BatchRecord, EpisodeRecord, ProbeRecord, record_key
+from .kinds import BATCH, ORDER
+from .model import BatchRecord, EpisodeRecord, OrderRecord, ProbeRecord, record_key
 from .probes import Probe
 from .reporter import Reporter
 from .session import CheckSession, Host, open_session
@@ -140,7 +140,7 @@ def _json_report_file(config: pytest.Config) -> Optional[str]:
     return str(Path(config.invocation_params.dir) / path)
 
 
-def _start_served(model: str, server_args: Optional[str], tools: bool) -> Served:
+def _start_served(model: str, server_args: Optional[str], tools: bool, cache_ram: int = 0) -> Served:
     def log(message: str) -> None:
         sys.stderr.write(message + "\n")
         sys.stderr.flush()
@@ -149,7 +149,7 @@ def _start_served(model: str, server_args: Optional[str], tools: bool) -> Served
     from .serve import start
 
     try:
-        return start(model, server_args, log, tools=tools)
+        return start(model, server_args, log, tools=tools, cache_ram=cache_ram)
     except (LlamaServerError, OSError, subprocess.CalledProcessError) as exc:
         raise ConfigError(f"--cachecheck-serve could not start llama-server: {exc}") from None
 
@@ -244,7 +244,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if state is None:
         return
     items.extend(_collect.collect_probe_items(session, episodes=bool(state.session.episodes),
-                                              batch=state.session.settings.batch is not None))
+                                              batch=state.session.settings.batch is not None,
+                                              order=state.session.settings.order))
     worker = _collect.worker_id(config)
     if worker is not None and state.placement is not None:
         state.placement.write_fixture_users(worker, items)
@@ -257,6 +258,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         argname = "cachecheck_episode"
     elif metafunc.function is _items.batch:
         argname = "cachecheck_batch"  # a batch item's case is a probe
+    elif metafunc.function is _items.order:
+        argname = "cachecheck_order"  # so is an order item's
     else:
         return
     cs = _session(metafunc.config)
@@ -300,6 +303,15 @@ def cachecheck_batch_result(request: pytest.FixtureRequest, cachecheck_batch: Pr
 
 
 @pytest.fixture
+def cachecheck_order_result(request: pytest.FixtureRequest, cachecheck_order: Probe,
+                            cachecheck_target: Optional[str]) -> OrderRecord:
+    """The item's probe as the order kind measured it: the first order item of a server sends the whole
+    selected set (pass A in order, pass B reversed with other conversations between); a failed request errors
+    the item here, in setup."""
+    return measure_item(request, cachecheck_order, cachecheck_target, ORDER)
+
+
+@pytest.fixture
 def cachecheck(request: pytest.FixtureRequest) -> CacheCheck:
     """Run your own prompt-cache checks: ``cachecheck.check(turn1=..., turn2=...)``."""
     state = request.config.stash.get(STATE, None)
@@ -312,7 +324,7 @@ def cachecheck(request: pytest.FixtureRequest) -> CacheCheck:
 @pytest.hookimpl(optionalhook=True)
 def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> Optional[Dict[str, Any]]:
     """The item's record (as in the plugin's JSON report, scrubbed where it was made) as ``metadata.cachecheck``
-    of pytest-json-report's test entry, with ``kind``: ``probe``, ``episode`` or ``batch``."""
+    of pytest-json-report's test entry, with ``kind``: ``probe``, ``episode``, ``batch`` or ``order``."""
     if call.when != "call" and call.when != "setup":
         return None
     kinds = {key: name for name, (key, _) in ITEM_RECORDS.items()}

@@ -134,7 +134,7 @@ class Runner:
             if self.setup is None:
                 self.setup = resolve(self.settings, self.redactor, plugin_kinds(self.server_kinds()))
             if send and not self.setup.checked:
-                self.setup.check(self.settings.skip_hit_check)
+                self.setup.check(self.settings.skip_hit_check, self.settings.order)
         except (RequestError, ServerSetupError) as exc:
             self._setup_error = exc
             raise

@@ -13,16 +13,16 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .baseline import Baseline, compare, env_of, should_fail
 from .identity import server_groups
-from .kinds import BATCH, EPISODE, PROBE, Kind, all_of, any_of
+from .kinds import BATCH, EPISODE, ORDER, PROBE, Kind, all_of, any_of
 from .model import (BatchRecord, BatchShape, BatchSummary, CheckTally, Comparison, EpisodeRecord,
-                    EpisodeSummary, Outcome, ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally,
-                    TargetReport, Verdict, record_key)
+                    EpisodeSummary, OrderConditions, OrderRecord, OrderSummary, Outcome, ProbeRecord, ProbeSet,
+                    RunReport, Setup, Status, Summary, Tally, TargetReport, Verdict, record_key)
 from .redact import display_url
 from .settings import Settings
 from .text import counted
 
 Gate = Tuple[bool, str]  # (fails?, why)
-Record = Union[ProbeRecord, EpisodeRecord, BatchRecord]
+Record = Union[ProbeRecord, EpisodeRecord, BatchRecord, OrderRecord]
 
 
 def now() -> str:
@@ -305,7 +305,12 @@ class TargetResult:
     def batches(self) -> Optional[KindResult]:
         return self.kinds.get(BATCH.name)
 
-    def report(self, exit_status: Optional[int], shape: Optional[BatchShape] = None) -> TargetReport:
+    @property
+    def orders(self) -> Optional[KindResult]:
+        return self.kinds.get(ORDER.name)
+
+    def report(self, exit_status: Optional[int], shape: Optional[BatchShape] = None,
+               order: Optional[OrderConditions] = None) -> TargetReport:
         p = self.probes
         summary = Summary(tally=p.tally, status=self.verdict.status, why=self.verdict.why, exit_status=exit_status,
                           not_run=p.not_run,
@@ -321,6 +326,10 @@ class TargetResult:
         if b is not None:
             out.batches = list(b.records)  # type: ignore[arg-type]
             out.batch_summary = BatchSummary.of(out.batches, shape or BatchShape(), b.not_run)
+        o = self.orders
+        if o is not None:
+            out.orders = list(o.records)  # type: ignore[arg-type]
+            out.order_summary = OrderSummary.of(out.orders, order or OrderConditions(), o.not_run)
         return out
 
 
@@ -359,13 +368,13 @@ class RunResult:
         episode_set = episodes.item_set if episodes is not None else None  # None: no episode items
         checks = list(self.inputs[0].checks)
         episode_checks = list(episodes.checks) if episodes is not None else []
-        shape = BatchShape.of(self.settings)
+        shape, order = BatchShape.of(self.settings), OrderConditions.of(self.settings)
         if not self.matrix:
-            t = self.targets[0].report(exit_status, shape)
+            t = self.targets[0].report(exit_status, shape, order)
             return RunReport(created=created, settings=self.settings.public(), probe_set=self.probe_set,
                              summary=t.summary, targets=[t], checks=checks, episode_set=episode_set,
                              episode_checks=episode_checks)  # type: ignore[arg-type]
-        targets = [t.report(None, shape) for t in self.targets]
+        targets = [t.report(None, shape, order) for t in self.targets]
         first = self.targets[0]
         for result, target in zip(self.targets[1:], targets[1:]):
             # each target against the first, item by item, as against a baseline (where both ran)
@@ -454,10 +463,12 @@ def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence
                 gates.append(flips_gate(checked, sum(kr.tally.different for kr in results_of)))
         if settings.record:
             gates.append(record_gate([(kr.kind, kr.tally) for kr in results_of]))
-        shape = BatchShape.of(settings)
+        shape, order = BatchShape.of(settings), OrderConditions.of(settings)
+        conditions = {BATCH.name: shape.label() if shape is not None else "",
+                      ORDER.name: order.label() if order is not None else ""}
         counts = [Count(kind=kr.kind, tally=kr.tally, unexpected=sum(1 for r in kr.records if _unexpected(r)),
                         flipped=sum(1 for r in kr.records if _unexpected(r) and r.flip),
-                        conditions=shape.label() if kr.kind == BATCH and shape is not None else "")
+                        conditions=conditions.get(kr.kind.name, ""))
                   for kr in results_of]
         verdict = judge(counts, settings.min_valid, interrupted, gates or None, placement_problem(every, target.name),
                         not_measured, sum(1 for c in checks if c.target == target.name and c.outcome == Outcome.ERROR))

@@ -194,9 +194,10 @@ class Served:
 
 
 def start(model: str, server_args: Optional[str], log: Log, timeout: float = 300.0,
-          tools: bool = False) -> Served:
+          tools: bool = False, cache_ram: int = 0) -> Served:
     """Start llama-server for ``model`` (a .gguf path or 'demo') and wait until it is ready. ``tools``: the
-    run's episodes call tools; then 'demo' is the tool-call model with its chat template."""
+    run's episodes call tools; then 'demo' is the tool-call model with its chat template. ``cache_ram``: its
+    host-memory prompt cache in MiB (--cachecheck-serve-cache-ram; 0, the default, off)."""
     args = check_serve_args(model, server_args, tools)
     binary = ensure_llama_server(log)
     is_demo = model == DEMO
@@ -208,7 +209,8 @@ def start(model: str, server_args: Optional[str], log: Log, timeout: float = 300
     else:
         path = demo_model(log) if is_demo else Path(model).expanduser().resolve()
     log_dir = Path(tempfile.mkdtemp(prefix="cachecheck-serve-"))
-    server = LlamaServer(binary, path, extra_args=flags + args, log_path=log_dir / "llama-server.log")
+    server = LlamaServer(binary, path, extra_args=flags + args, log_path=log_dir / "llama-server.log",
+                         cache_ram=cache_ram)
     try:
         server.start(timeout=timeout)
     except LlamaServerError:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # the measurement (and requests) are imported only when the p
     from ._collect import Handoff
     from .baseline import Baseline
     from .episodes import Episode
-    from .model import BatchShape
+    from .model import BatchShape, OrderConditions
     from .protocol import Runner
     from .run import TargetInput
     from .serve import Served
@@ -77,6 +77,17 @@ class CheckSession:
         """Every batch item's record key (one per probe and target); none when the batch kind is off."""
         return self.keys() if self.settings.batch is not None else []
 
+    def order_keys(self) -> List[str]:
+        """Every order item's record key (one per probe and target); none when the order kind is off."""
+        return self.keys() if self.settings.order else []
+
+    @property
+    def order_conditions(self) -> Optional["OrderConditions"]:
+        """How the order kind sends the probe set (--cachecheck-order and its options); None when off."""
+        from .model import OrderConditions
+
+        return OrderConditions.of(self.settings)
+
     @property
     def batch_shape(self) -> Optional["BatchShape"]:
         """The batch kind's background traffic (--cachecheck-batch and its shape options); None when off."""
@@ -95,11 +106,11 @@ class CheckSession:
 
     def expectation(self, record: Any) -> Optional[str]:
         """Why this record's divergence does not fail the run by itself, or None (``run.expectation``)."""
-        from .model import BatchRecord, EpisodeRecord
+        from .model import BatchRecord, EpisodeRecord, OrderRecord
         from .run import expectation
 
-        # a baseline's known divergences are probes' and episodes'; a batch probe has none
-        known = ({} if isinstance(record, BatchRecord)
+        # a baseline's known divergences are probes' and episodes'; a batch or order probe has none
+        known = ({} if isinstance(record, (BatchRecord, OrderRecord))
                  else self.baseline_different(record.target, episodes=isinstance(record, EpisodeRecord)))
         return expectation(record, self.settings, known)
 
@@ -140,13 +151,13 @@ class Host:
     baseline's known divergences, the served server), used instead of the files (a worker may not be able to
     read them again: a pipe is the controller's); ``start_server``: how the controller starts
     ``--cachecheck-serve``'s server, once all else is valid (told whether an episode calls tools: the demo
-    then serves its tool-call model), None on a worker; ``own_replica``: the replica this process measures
+    then serves its tool-call model, and the --cache-ram to start it with), None on a worker; ``own_replica``: the replica this process measures
     on; ``other_outputs``: files other plugins write, by option (no output may be another's file);
     ``server_kinds``: calls the ``pytest_cachecheck_server_kinds`` hook (when the servers are detected, so
     that a plugin registered after this session still counts)."""
 
     handoff: Optional["Handoff"] = None
-    start_server: Optional[Callable[[str, Optional[str], bool], "Served"]] = None
+    start_server: Optional[Callable[[str, Optional[str], bool, int], "Served"]] = None
     own_replica: Callable[[Settings], Settings] = lambda s: s
     other_outputs: Mapping[str, Optional[str]] = dataclasses.field(default_factory=dict)
     server_kinds: Callable[[], Iterable[Any]] = tuple
@@ -189,7 +200,8 @@ def open_session(raw: Dict[str, Any], base_dir: Path, host: Host = Host()) -> Op
     served = None
     if settings.serve and host.start_server is not None:
         assert settings.serve is not None
-        served = host.start_server(settings.serve, settings.server_args, any(e.tools for e in episodes or ()))
+        served = host.start_server(settings.serve, settings.server_args, any(e.tools for e in episodes or ()),
+                                   settings.serve_cache_ram)
         settings = dataclasses.replace(settings, url=served.server.url, replicas=(served.server.url,))
     session = CheckSession(settings, probes, probe_set, baselines, served, episodes, host.server_kinds)
     session.known_different = handoff.known_different if handoff is not None else None

@@ -75,6 +75,9 @@ class Settings:
     batch_prompt_words: int = 200
     batch_max_tokens: int = 256
     batch_seed: int = 0
+    order: bool = False  # --cachecheck-order: the order kind (order.py)
+    order_between: int = 1  # other conversations sent before each probe of the order kind's pass B
+    serve_cache_ram: int = 0  # --cache-ram (MiB) of the llama-server --cachecheck-serve starts
     hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
     notes: Tuple[str, ...] = ()  # what the plugin made of the values given, for the header
 
@@ -119,6 +122,8 @@ class Settings:
             **({"batch": self.batch, "batch_prompt_words": self.batch_prompt_words,
                 "batch_max_tokens": self.batch_max_tokens, "batch_seed": self.batch_seed}
                if self.batch is not None else {}),
+            **({"order": True, "order_between": self.order_between} if self.order else {}),
+            **({"serve_cache_ram": self.serve_cache_ram} if self.serve_cache_ram else {}),
         }
 
 
@@ -476,6 +481,15 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("batch_seed", "--cachecheck-batch-seed",
                "the seed the background requests' prompts are generated from (with --cachecheck-batch; "
                "default 0)", _number(0, 2**31 - 1, whole=True), metavar="N", reproduced=True),
+    OptionSpec("order", "--cachecheck-order",
+               "also send the probe set as an application would (no cache control fields: the server's own "
+               "defaults), twice: in file order, then reversed with other conversations between (the order "
+               "kind, items cachecheck::order[...]): does an answer change with the order and the state "
+               "earlier conversations left? Default: off", lambda n, v, b: _bool(n, v or False, b), kind="bool",
+               reproduced=True),
+    OptionSpec("order_between", "--cachecheck-order-between",
+               "the other conversations sent before each probe of the reversed pass (with --cachecheck-order; "
+               "default 1)", _number(0, 64, whole=True), metavar="N", reproduced=True),
     OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server (at least 8 "
                "printable ASCII characters)", _api_key, env="CACHECHECK_API_KEY", metavar="KEY",
                shown=lambda v: "***"),
@@ -487,6 +501,10 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                "extra llama-server flags for --cachecheck-serve, as one quoted string joined with '=' "
                "(--cachecheck-server-args='-c 8192': a separate value starting with '-' reads as an option)",
                lambda n, v, b: v or None, metavar="ARGS", reproduced=True),
+    OptionSpec("serve_cache_ram", "--cachecheck-serve-cache-ram",
+               "the host-memory prompt cache (llama-server --cache-ram, MiB) of the server --cachecheck-serve "
+               "starts (default 0: off; on, the setup check's host-cache problem is a warning, and only with "
+               "--cachecheck-order)", _number(0, 1_048_576, whole=True), metavar="MIB", reproduced=True),
     OptionSpec("timeout", "--cachecheck-timeout",
                f"a deadline in seconds for each whole request (default {DEFAULT_TIMEOUT:g})",
                _number(0.0, 86400.0, low_open=True), metavar="SECONDS"),
@@ -544,6 +562,16 @@ RULES: Tuple[Rule, ...] = (
     (lambda s, raw: s.batch is not None and s.mode == "two-servers",
      ("--cachecheck-batch measures on one server with its cache off; it conflicts with two-servers mode "
       "(--cachecheck-nocache-url)")),
+    (lambda s, raw: not s.order and raw.get("order_between") is not None,
+     "--cachecheck-order-between shapes the order measurement; it goes with --cachecheck-order"),
+    (lambda s, raw: s.order and s.mode == "two-servers",
+     ("--cachecheck-order measures one server as an application uses it; it conflicts with two-servers mode "
+      "(--cachecheck-nocache-url)")),
+    (lambda s, raw: raw.get("serve_cache_ram") is not None and not s.serve,
+     "--cachecheck-serve-cache-ram sets the server --cachecheck-serve starts; it goes with --cachecheck-serve"),
+    (lambda s, raw: s.serve_cache_ram and not s.order,
+     ("--cachecheck-serve-cache-ram turns on a cache that restores another conversation's state, which spoils "
+      "the cache probes' clean start; it goes with --cachecheck-order, which measures what it does")),
     (lambda s, raw: s.max_flip_rate is not None and s.gate_on != "flips",
      "--cachecheck-max-flip-rate gates the run on flips; it conflicts with --cachecheck-gate-on divergence"),
 )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import __version__
-from .kinds import BATCH, EPISODE, PROBE, Kind
+from .kinds import BATCH, EPISODE, ORDER, PROBE, Kind
 from .model import (STILL_SAME, CheckTally, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict,
                     shown)
 from .redact import display_url
@@ -122,6 +122,10 @@ def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[
     if shape is not None:
         lines.insert(-1, f"cachecheck: {shape.label()}: each probe is measured again, its turn 2 alone and "
                          f"amid those requests in flight (items cachecheck::batch[...])")
+    conditions = session.order_conditions
+    if conditions is not None:
+        lines.insert(-1, f"cachecheck: {conditions.label()}: the probe set is sent twice as an application "
+                         f"would, in file order, then reversed (items cachecheck::order[...])")
     return lines
 
 
@@ -298,46 +302,74 @@ def _episode_lines(t: TargetReport, label: str, baseline_path: Optional[str], ve
     return out
 
 
-def batch_count_line(t: TargetReport) -> Optional[str]:
-    """The batch probes' counts, naming the conditions; None when the kind is off or none ran."""
-    s = t.batch_summary
+def kind_count_line(s: Optional[Any], kind: Kind) -> Optional[str]:
+    """A conditioned kind's counts (``s``: its summary, a BatchSummary or OrderSummary), naming the
+    conditions; None when the kind is off or none ran."""
     if s is None or not s.tally.probes:
         return None
     b = s.tally
-    return (f"{s.conditions.label()}: batch probes {b.probes} | valid {b.valid} (same {b.same}, different "
+    return (f"{s.conditions.label()}: {kind.plural} {b.probes} | valid {b.valid} (same {b.same}, different "
             f"{b.different}) | inconclusive {b.inconclusive} | errors {b.errors}")
+
+
+def kind_rate_line(s: Optional[Any], kind: Kind) -> Optional[str]:
+    """The rate of a conditioned kind's items that differed, with its 95% Wilson interval and the conditions."""
+    line = rate_line(s.tally, kind) if s is not None else None
+    return f"{s.conditions.label()}: {line}" if s is not None and line else None
+
+
+def batch_count_line(t: TargetReport) -> Optional[str]:
+    """The batch probes' counts, naming the conditions; None when the kind is off or none ran."""
+    return kind_count_line(t.batch_summary, BATCH)
 
 
 def batch_rate_line(t: TargetReport) -> Optional[str]:
     """The rate of batch probes answered differently, with its 95% Wilson interval and the conditions."""
-    s = t.batch_summary
-    line = rate_line(s.tally, BATCH) if s is not None else None
-    return f"{s.conditions.label()}: {line}" if s is not None and line else None
+    return kind_rate_line(t.batch_summary, BATCH)
 
 
-def _batch_lines(t: TargetReport, label: str) -> List[Out]:
-    """The batch probes of one target, each line naming the conditions: counts, how many answered
-    differently amid other requests, the rate with its interval, the first error."""
-    s = t.batch_summary
-    counts = batch_count_line(t)
+def order_count_line(t: TargetReport) -> Optional[str]:
+    return kind_count_line(t.order_summary, ORDER)
+
+
+def order_rate_line(t: TargetReport) -> Optional[str]:
+    return kind_rate_line(t.order_summary, ORDER)
+
+
+#: a conditioned kind -> what its items compare, said when none was valid
+_COMPARED = {BATCH.name: "no answer alone and amid other requests could be compared",
+             ORDER.name: "no answer of the two passes could be compared"}
+
+
+def _conditioned_lines(s: Optional[Any], records: Optional[Sequence[Any]], kind: Kind, label: str) -> List[Out]:
+    """The items of a kind measured under conditions (batch, order) of one target, each line naming the
+    conditions: counts, how many differed, the rate with its interval, the first error."""
+    counts = kind_count_line(s, kind)
     if s is None or counts is None:
         return []
     b, shape = s.tally, s.conditions.label()
     out: List[Out] = [Line(label + counts)]
     if b.valid:
-        out.append(Line(f"{label}{shape}: {b.different} of {counted(b.valid, 'valid ' + BATCH.unit)} "
-                        f"{BATCH.differed}.", {"bold": True, "red": bool(b.different)}))
+        out.append(Line(f"{label}{shape}: {b.different} of {counted(b.valid, 'valid ' + kind.unit)} "
+                        f"{kind.differed}.", {"bold": True, "red": bool(b.different)}))
     else:
-        out.append(Line(f"{label}{shape}: no valid {BATCH.unit}: no answer alone and amid other requests "
-                        f"could be compared."))
-    rate = batch_rate_line(t)
+        out.append(Line(f"{label}{shape}: no valid {kind.unit}: {_COMPARED[kind.name]}."))
+    rate = kind_rate_line(s, kind)
     if rate:
         out.append(Line(label + rate))
-    errored = [r.reason for r in t.batches or [] if r.outcome == "error"]
+    errored = [r.reason for r in records or [] if r.outcome == "error"]
     if errored:
-        out.append(Line(f"{label}{shape}: batch errors: {len(errored)}; the first: {errored[0][:240]}",
+        out.append(Line(f"{label}{shape}: {kind.name} errors: {len(errored)}; the first: {errored[0][:240]}",
                         {"red": True}))
     return out
+
+
+def _batch_lines(t: TargetReport, label: str) -> List[Out]:
+    return _conditioned_lines(t.batch_summary, t.batches, BATCH, label)
+
+
+def _order_lines(t: TargetReport, label: str) -> List[Out]:
+    return _conditioned_lines(t.order_summary, t.orders, ORDER, label)
 
 
 def own_lines(report: RunReport) -> List[Out]:
@@ -360,6 +392,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
     probes = sum(t.summary.tally.probes for t in report.targets)
     episodes = sum(t.episode_summary.tally.probes for t in report.targets if t.episode_summary is not None)
     batches = sum(t.batch_summary.tally.probes for t in report.targets if t.batch_summary is not None)
+    batches += sum(t.order_summary.tally.probes for t in report.targets if t.order_summary is not None)
     total = probes + episodes + batches
     if total == 0:
         out.append(Line("cachecheck: no probe ran"))
@@ -371,6 +404,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             out += _target_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _episode_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _batch_lines(t, f"{t.name}: ")
+            out += _order_lines(t, f"{t.name}: ")
     else:
         t = report.targets[0]
         tally = t.summary.tally
@@ -385,6 +419,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         out += _target_lines(t, "", baseline_path, verbose)
         out += _episode_lines(t, "", baseline_path, verbose)
         out += _batch_lines(t, "")
+        out += _order_lines(t, "")
     out += own_lines(report)
     if total or not verdict.ok:  # an interrupted run says so even before its first probe
         word = "PASS" if verdict.ok else "FAIL"
@@ -395,7 +430,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         for t in report.targets:
             prefix = f"[{t.name}] " if report.matrix else ""
             ran_episodes = t.episode_summary is not None and t.episode_summary.tally.probes > 0
-            ran_batches = t.batch_summary is not None and t.batch_summary.tally.probes > 0
+            ran_batches = any(s is not None and s.tally.probes > 0 for s in (t.batch_summary, t.order_summary))
             if report.matrix and not t.summary.tally.probes and not ran_episodes and not ran_batches:
                 out.append(Line(prefix + "no probe ran"))
                 continue
@@ -411,7 +446,8 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
                 if rate:
                     out.append(Line(prefix + rate))
                 out += [Line(prefix + line) for line in check_lines(t.check_tallies()[1], "episode", ids=False)]
-            out += [Line(prefix + line) for line in (batch_count_line(t), batch_rate_line(t)) if line]
+            out += [Line(prefix + line) for line in (batch_count_line(t), batch_rate_line(t), order_count_line(t),
+                                                     order_rate_line(t)) if line]
     if any((t.served or {}).get("demo") for t in report.targets):
         out.append(Line("cachecheck: that was the demo (random weights: its divergences say nothing "
                         "about real models); measure your own server with: "

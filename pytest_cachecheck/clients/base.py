@@ -139,6 +139,11 @@ class ChatClient:
         measurement's requests); {} where the kind pins nothing."""
         return {}
 
+    def as_app(self) -> Dict[str, Any]:
+        """The fields an application sends (the order measurement's requests): no cache control field, so the
+        server's own defaults decide, and no pinned slot."""
+        return self.unpinned()
+
     def no_early_stop(self) -> Dict[str, Any]:
         """The fields that make a request answer its whole ``max_tokens`` (the batch measurement's background,
         whose length is its shape's); {} where the kind has none it is known to honour."""

@@ -17,6 +17,8 @@ from .base import CachePlan, ChatClient, Findings, ServerInfo, counter, get_json
 from .http import Http
 
 # Two unrelated passages of about 150 tokens each, for the host-memory cache check.
+#: the setup problem of a host-memory prompt cache that restores state (a warning under --cachecheck-order)
+HOST_CACHE_PROBLEM = "llama-server restores prompts from its host-memory prompt cache"
 _PASSAGE_A = (
     "Describe, in order, how a small bakery prepares for the morning: the ovens are lit before dawn, the "
     "sourdough starter is fed and left to rise, flour and salt are weighed for the first batch, the dough "
@@ -177,7 +179,7 @@ class LlamaCppClient(ChatClient):
                            f"another reused {again.cached_tokens} tokens (the two share {shared})")
         if again.cached_tokens > shared + (again.prompt_tokens - shared) // 2:
             found.problems.append(
-                f"llama-server restores prompts from its host-memory prompt cache: a prompt sent again after "
+                f"{HOST_CACHE_PROBLEM}: a prompt sent again after "
                 f"another reused {again.cached_tokens} of its {again.prompt_tokens} tokens, though the slot then "
                 f"held only the {shared} they share, so a request can reuse state that its own turn 1 did not "
                 f"leave; start it with --cache-ram 0")
