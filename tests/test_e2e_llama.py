@@ -416,3 +416,48 @@ def test_batch_kind_from_pytest_on_four_slots(plugin_run, llama_servers):
     assert said in run.out
     different = t.different + run.counts().get("different", 0)
     assert run.ret == (1 if different else 0), run.out[-4000:]
+
+
+def test_order_measurement_both_caches_off_and_the_host_cache_on(llama_servers):
+    """The order measurement (pytest_cachecheck/order.py) on a real llama-server, 1 slot, tiny F16 model, 3
+    built-in probes (answers up to 48 tokens, for time) sent as an application would (no cache field: the server's defaults), in file order, then
+    reversed with 1 other conversation before each. The negative control, both caches off (--no-cache-prompt
+    --cache-ram 0): nothing reused, every probe valid and the same. Then the host-memory cache on (--cache-ram
+    8192): what the server does to the answers is recorded, not assumed; the state evidence (each request's
+    cached tokens) must be there, and some pass B turn 1, whose slot state the other conversation replaced,
+    reuses more than pass A's did (restored from the host cache: without it only the template's opening is
+    shared)."""
+    from pytest_cachecheck.clients import detect_server
+    from pytest_cachecheck.clients.http import Http
+    from pytest_cachecheck.model import OrderConditions, Tally
+    from pytest_cachecheck.order import OrderRunner
+    from pytest_cachecheck.probes import builtin_probes
+
+    def cached(record: Any, step: str) -> Any:
+        return next(q.cached_tokens for q in record.requests if q.step == step)
+
+    for name, args in (("both caches off", ("--no-cache-prompt", "--cache-ram", "0")),
+                       ("host cache on", ("--cache-ram", "8192"))):
+        server = llama_servers("f16", *args)
+        client = detect_server(Http(server.url, timeout=300), None)
+        assert client.info.details["total_slots"] == 1
+        start = time.monotonic()
+        records = OrderRunner(client, OrderConditions(between=1), max_tokens=48).run(builtin_probes()[:3])
+        seconds = time.monotonic() - start
+        t = Tally.of(records)  # type: ignore[arg-type]
+        reuse = "; ".join(f"{r.id} " + ", ".join(f"{q.step} {q.cached_tokens}/{q.prompt_tokens}"
+                                                 for q in r.requests) for r in records)
+        print(f"\nMEASURED order, {name} ({' '.join(args)}): {t.different} of {t.valid} valid order probes "
+              f"answered differently ({t.inconclusive} inconclusive, {t.errors} errors) in {seconds:.1f} s; "
+              f"cached tokens: {reuse}")
+        for r in records:
+            if not r.same:
+                print(f"MEASURED   {r.line()}: {r.reason}")
+        assert t.errors == 0 and t.inconclusive == 0, [r.reason for r in records if not r.valid]
+        assert all(q.cached_tokens is not None for r in records for q in r.requests)  # the state evidence
+        assert [r.positions for r in records] == [[1, 3], [2, 2], [3, 1]]
+        if name == "both caches off":  # the negative control
+            assert all(q.cached_tokens == 0 for r in records for q in r.requests)
+            assert t.different == 0
+        else:
+            assert any(cached(r, "B/turn-1") > cached(r, "A/turn-1") for r in records), reuse
