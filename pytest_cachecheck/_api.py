@@ -109,7 +109,7 @@ def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Pro
         record.shape = state.session.batch_shape  # an error record made here names the conditions too
     if kind == ORDER and state.session.order_conditions is not None:
         record.conditions = state.session.order_conditions
-    if case.expect is not None and kind not in (BATCH, ORDER):  # a batch or order probe's answers are not judged
+    if case.expect is not None and kind not in (BATCH, ORDER):  # a batch or order probe's answers: not judged
         record.check_results = case.expect.judge(record)  # on the answers as given, before any scrubbing
     record.target = target
     record.server_url = display_url(runner.settings.url)
@@ -156,7 +156,7 @@ def _order(runner: Runner, probe: Probe, target: Optional[str], state: State) ->
             done.update({r.id: r for r in order.run(probes)})
         for p in probes:
             done.setdefault(p.id, OrderRecord(id=p.id, source=p.source, fingerprint=p.fingerprint,
-                                              outcome=Outcome.ERROR, conditions=conditions, reason=failed.reason))
+                                              reason=failed.reason, outcome=Outcome.ERROR, conditions=conditions))
     return done[probe.id]
 
 
@@ -184,7 +184,8 @@ def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], ta
     if getattr(record, "check_results", None) is not None and record.flip:
         request.node.user_properties.append((FLIP, f"{record.flip}: {record.check_results.flip_text()}"))
     if record.outcome == Outcome.ERROR:
-        pytest.fail(f"cachecheck: {record.message() if kind in (BATCH, ORDER) else record.reason}", pytrace=False)
+        why = record.message() if kind in (BATCH, ORDER) else record.reason  # those name their conditions
+        pytest.fail(f"cachecheck: {why}", pytrace=False)
     return record
 
 

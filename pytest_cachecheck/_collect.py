@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from .session import CheckSession
 
 MODULE = "cachecheck"  # the node id of the synthetic module of probe items
-PROBE, EPISODE, BATCH, ORDER = (k.name for k in KINDS)  # the kinds of item, named as their test functions in _items
+#: the kinds of item, named as their test functions in _items
+PROBE, EPISODE, BATCH, ORDER = (k.name for k in KINDS)
 GATE_NODEID = f"{MODULE}::{_items.GATE}"
 ITEM_PREFIXES = tuple(f"{MODULE}::{k.name}[" for k in KINDS)
 #: kind -> the parameter its item's case comes in (a batch item's case is a probe too)
@@ -95,7 +96,8 @@ def collect_probe_items(session: pytest.Session, episodes: bool = False,
     """The probe (episode, batch) items, collected from the synthetic module and reported as its
     collection."""
     module = ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid=MODULE, name=MODULE)
-    module.functions = (PROBE,) + ((EPISODE,) if episodes else ()) + ((BATCH,) if batch else ()) + ((ORDER,) if order else ())
+    module.functions = ((PROBE,) + ((EPISODE,) if episodes else ()) + ((BATCH,) if batch else ())
+                        + ((ORDER,) if order else ()))
     items: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
     session.config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None,
                                                                         list(items)))

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
 GATE = "gate"  # the gate item's name: node id ``cachecheck::gate``
 
 
-def _verdict(result: "ProbeRecord | EpisodeRecord | BatchRecord | OrderRecord", reason: Optional[str] = None) -> None:
+def _verdict(result: "ProbeRecord | EpisodeRecord | BatchRecord | OrderRecord",
+             reason: Optional[str] = None) -> None:
     """An invalid measurement is a skip (with ``reason``, default the record's), an expected divergence
     (``result.expected``, decided once where the record was made) an xfail, any other divergence a failure."""
     if result.outcome == Outcome.INCONCLUSIVE:

@@ -736,8 +736,8 @@ def _orders_section(t: TargetReport, suffix: str) -> Markup:
     s = t.order_summary
     out = [h("h2", {"id": f"orders{suffix}"}, f"Order probes ({len(t.orders)})"),
            h("p", {"class": "why"}, "The probe set sent as an application would (the server's own cache "
-             "defaults), twice: in file order, then reversed with other conversations between. Does an answer "
-             "change with the order and the state earlier conversations left?"),
+             "defaults), twice: in file order, then reversed with other conversations between. Does an "
+             "answer change with the order and the state earlier conversations left?"),
            h("p", {"id": f"order-conditions{suffix}"}, h("b", {}, s.conditions.label())),
            h("p", {}, _figures((("order probes", s.tally.probes), ("valid", s.tally.valid),
                                 ("same", s.tally.same), ("different", s.tally.different),

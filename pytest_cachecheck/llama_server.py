@@ -313,8 +313,8 @@ class LlamaServer:
     Launches ``binary -m model -np 1 --cache-ram 0 --host <host> --port <port> [--no-ui]
     <extra_args>`` with stdout and stderr going to a log file (``--no-ui``, or ``--no-webui`` on
     older builds, only if ``--help`` lists it).  ``--cache-ram 0`` turns off the host-memory prompt
-    cache, so only the slot's own KV cache can serve a prefix (``cache_ram`` MiB turns it on).  Use as a context manager or call
-    :meth:`start` / :meth:`stop`.
+    cache, so only the slot's own KV cache can serve a prefix (``cache_ram`` MiB turns it on).  Use as a
+    context manager or call :meth:`start` / :meth:`stop`.
     """
 
     def __init__(

@@ -1032,7 +1032,8 @@ class OrderSummary(_Rated, _Json):
     @classmethod
     def of(cls, records: Sequence["OrderRecord"], conditions: OrderConditions, not_run: Sequence[str] = ()
            ) -> "OrderSummary":
-        return cls(tally=Tally.of(records), conditions=conditions, not_run=list(not_run))  # type: ignore[arg-type]
+        tally = Tally.of(records)  # type: ignore[arg-type]
+        return cls(tally=tally, conditions=conditions, not_run=list(not_run))
 
 
 # -- comparisons (with a baseline, or of a matrix target with the first) ----------------------------------

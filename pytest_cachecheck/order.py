@@ -45,8 +45,8 @@ def order_message(d: Divergence, turn: int) -> str:
     text += f"\n  at token {d.token}: pass A {d.cache_token!r} vs pass B {d.recompute_token!r}"
     if d.kind is not None:
         assert d.cache_margin is not None and d.recompute_margin is not None
-        text += (f"; top-2 logprob margin {d.cache_margin:.4f} (pass A) and {d.recompute_margin:.4f} (pass B) "
-                 f"nats: {d.kind}")
+        text += (f"; top-2 logprob margin {d.cache_margin:.4f} (pass A) and {d.recompute_margin:.4f} "
+                 f"(pass B) nats: {d.kind}")
     return text
 
 
@@ -64,8 +64,9 @@ class OrderRunner:
     ``logprobs``: ask the top-2 logprobs on every measured request of both passes (the same fields in both,
     so the comparison stays symmetric), which gives a difference its anatomy."""
 
-    def __init__(self, client: ChatClient, conditions: OrderConditions, *, max_tokens: int, logprobs: bool = True,
-                 skip_hit_check: bool = False, redactor: Optional[Redactor] = None) -> None:
+    def __init__(self, client: ChatClient, conditions: OrderConditions, *, max_tokens: int,
+                 logprobs: bool = True, skip_hit_check: bool = False,
+                 redactor: Optional[Redactor] = None) -> None:
         self.client = client
         self.conditions = conditions
         self.max_tokens = max_tokens
@@ -75,7 +76,7 @@ class OrderRunner:
         self._others = conditions.others()
 
     def run(self, probes: Sequence[Probe]) -> List[OrderRecord]:
-        """Measure the set; one record per probe, in the order given. Request failures give outcome 'error'."""
+        """Measure the set; one record per probe, in the order given. A failed request: outcome 'error'."""
         records = [OrderRecord(id=p.id, source=p.source, fingerprint=p.fingerprint, outcome=Outcome.SAME,
                                conditions=self.conditions) for p in probes]
         replies: List[Dict[str, Reply]] = [{} for _ in probes]
@@ -120,7 +121,8 @@ class OrderRunner:
             try:
                 self.client.chat(messages, max_tokens=self.conditions.max_tokens, cache=self.client.as_app())
             except (CachecheckError, OSError) as exc:
-                raise _Failed(f"pass B: other conversation {k + 1} of {n} before this probe failed: {exc}") from None
+                raise _Failed(f"pass B: other conversation {k + 1} of {n} before this probe failed: "
+                              f"{exc}") from None
 
     def _judge(self, record: OrderRecord, replies: Dict[str, Reply]) -> None:
         bad = untrusted(list(replies.items()))

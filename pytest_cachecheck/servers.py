@@ -49,8 +49,8 @@ class ServerSetup:
             raise ServerSetupError(f"the server setup would spoil the measurement: {exc}") from None
         kept = [p for p in found.problems if order and p.startswith(HOST_CACHE_PROBLEM)]
         found.problems = [p for p in found.problems if p not in kept]
-        found.warnings += [f"{p}; kept as a warning because --cachecheck-order measures what that cache does to "
-                           f"an application's answers: the probes' own validity rules still catch restored "
+        found.warnings += [f"{p}; kept as a warning because --cachecheck-order measures what that cache does "
+                           f"to an application's answers: the probes' own validity rules still catch restored "
                            f"state (the cache hit must cover turn 1, else the probe is inconclusive)"
                            for p in kept]
         self.warnings, self.notes = [*self.warnings, *found.warnings], found.notes

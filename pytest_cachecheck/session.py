@@ -151,7 +151,8 @@ class Host:
     baseline's known divergences, the served server), used instead of the files (a worker may not be able to
     read them again: a pipe is the controller's); ``start_server``: how the controller starts
     ``--cachecheck-serve``'s server, once all else is valid (told whether an episode calls tools: the demo
-    then serves its tool-call model, and the --cache-ram to start it with), None on a worker; ``own_replica``: the replica this process measures
+    then serves its tool-call model, and the --cache-ram to start it with), None on a worker;
+    ``own_replica``: the replica this process measures
     on; ``other_outputs``: files other plugins write, by option (no output may be another's file);
     ``server_kinds``: calls the ``pytest_cachecheck_server_kinds`` hook (when the servers are detected, so
     that a plugin registered after this session still counts)."""

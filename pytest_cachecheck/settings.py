@@ -485,11 +485,11 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                "also send the probe set as an application would (no cache control fields: the server's own "
                "defaults), twice: in file order, then reversed with other conversations between (the order "
                "kind, items cachecheck::order[...]): does an answer change with the order and the state "
-               "earlier conversations left? Default: off", lambda n, v, b: _bool(n, v or False, b), kind="bool",
-               reproduced=True),
+               "earlier conversations left? Default: off", lambda n, v, b: _bool(n, v or False, b),
+               kind="bool", reproduced=True),
     OptionSpec("order_between", "--cachecheck-order-between",
-               "the other conversations sent before each probe of the reversed pass (with --cachecheck-order; "
-               "default 1)", _number(0, 64, whole=True), metavar="N", reproduced=True),
+               "the other conversations sent before each probe of the reversed pass (with "
+               "--cachecheck-order; default 1)", _number(0, 64, whole=True), metavar="N", reproduced=True),
     OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server (at least 8 "
                "printable ASCII characters)", _api_key, env="CACHECHECK_API_KEY", metavar="KEY",
                shown=lambda v: "***"),
@@ -502,8 +502,8 @@ OPTIONS: Tuple[OptionSpec, ...] = (
                "(--cachecheck-server-args='-c 8192': a separate value starting with '-' reads as an option)",
                lambda n, v, b: v or None, metavar="ARGS", reproduced=True),
     OptionSpec("serve_cache_ram", "--cachecheck-serve-cache-ram",
-               "the host-memory prompt cache (llama-server --cache-ram, MiB) of the server --cachecheck-serve "
-               "starts (default 0: off; on, the setup check's host-cache problem is a warning, and only with "
+               "the host-memory prompt cache (llama-server --cache-ram, MiB) of the server "
+               "--cachecheck-serve starts (default 0: off; on, the setup check's host-cache problem is a warning, and only with "
                "--cachecheck-order)", _number(0, 1_048_576, whole=True), metavar="MIB", reproduced=True),
     OptionSpec("timeout", "--cachecheck-timeout",
                f"a deadline in seconds for each whole request (default {DEFAULT_TIMEOUT:g})",
@@ -568,10 +568,11 @@ RULES: Tuple[Rule, ...] = (
      ("--cachecheck-order measures one server as an application uses it; it conflicts with two-servers mode "
       "(--cachecheck-nocache-url)")),
     (lambda s, raw: raw.get("serve_cache_ram") is not None and not s.serve,
-     "--cachecheck-serve-cache-ram sets the server --cachecheck-serve starts; it goes with --cachecheck-serve"),
+     ("--cachecheck-serve-cache-ram sets the server --cachecheck-serve starts; it goes with "
+      "--cachecheck-serve")),
     (lambda s, raw: s.serve_cache_ram and not s.order,
-     ("--cachecheck-serve-cache-ram turns on a cache that restores another conversation's state, which spoils "
-      "the cache probes' clean start; it goes with --cachecheck-order, which measures what it does")),
+     ("--cachecheck-serve-cache-ram turns on a cache that restores another conversation's state, which "
+      "spoils the cache probes' clean start; it goes with --cachecheck-order, which measures what it does")),
     (lambda s, raw: s.max_flip_rate is not None and s.gate_on != "flips",
      "--cachecheck-max-flip-rate gates the run on flips; it conflicts with --cachecheck-gate-on divergence"),
 )

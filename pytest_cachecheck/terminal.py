@@ -313,7 +313,7 @@ def kind_count_line(s: Optional[Any], kind: Kind) -> Optional[str]:
 
 
 def kind_rate_line(s: Optional[Any], kind: Kind) -> Optional[str]:
-    """The rate of a conditioned kind's items that differed, with its 95% Wilson interval and the conditions."""
+    """The rate of a conditioned kind's items that differed, with its 95% Wilson interval, the conditions."""
     line = rate_line(s.tally, kind) if s is not None else None
     return f"{s.conditions.label()}: {line}" if s is not None and line else None
 
@@ -341,7 +341,8 @@ _COMPARED = {BATCH.name: "no answer alone and amid other requests could be compa
              ORDER.name: "no answer of the two passes could be compared"}
 
 
-def _conditioned_lines(s: Optional[Any], records: Optional[Sequence[Any]], kind: Kind, label: str) -> List[Out]:
+def _conditioned_lines(s: Optional[Any], records: Optional[Sequence[Any]], kind: Kind, label: str
+                       ) -> List[Out]:
     """The items of a kind measured under conditions (batch, order) of one target, each line naming the
     conditions: counts, how many differed, the rate with its interval, the first error."""
     counts = kind_count_line(s, kind)
@@ -430,7 +431,8 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         for t in report.targets:
             prefix = f"[{t.name}] " if report.matrix else ""
             ran_episodes = t.episode_summary is not None and t.episode_summary.tally.probes > 0
-            ran_batches = any(s is not None and s.tally.probes > 0 for s in (t.batch_summary, t.order_summary))
+            conditioned = (t.batch_summary, t.order_summary)
+            ran_batches = any(s is not None and s.tally.probes > 0 for s in conditioned)
             if report.matrix and not t.summary.tally.probes and not ran_episodes and not ran_batches:
                 out.append(Line(prefix + "no probe ran"))
                 continue
@@ -446,8 +448,8 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
                 if rate:
                     out.append(Line(prefix + rate))
                 out += [Line(prefix + line) for line in check_lines(t.check_tallies()[1], "episode", ids=False)]
-            out += [Line(prefix + line) for line in (batch_count_line(t), batch_rate_line(t), order_count_line(t),
-                                                     order_rate_line(t)) if line]
+            out += [Line(prefix + line) for line in (batch_count_line(t), batch_rate_line(t),
+                                                     order_count_line(t), order_rate_line(t)) if line]
     if any((t.served or {}).get("demo") for t in report.targets):
         out.append(Line("cachecheck: that was the demo (random weights: its divergences say nothing "
                         "about real models); measure your own server with: "

@@ -420,8 +420,8 @@ def test_batch_kind_from_pytest_on_four_slots(plugin_run, llama_servers):
 
 def test_order_measurement_both_caches_off_and_the_host_cache_on(llama_servers):
     """The order measurement (pytest_cachecheck/order.py) on a real llama-server, 1 slot, tiny F16 model, 3
-    built-in probes (answers up to 48 tokens, for time) sent as an application would (no cache field: the server's defaults), in file order, then
-    reversed with 1 other conversation before each. The negative control, both caches off (--no-cache-prompt
+    built-in probes (answers up to 48 tokens, for time) sent as an application would (no cache field: the
+    server's defaults), in file order, then reversed with 1 other conversation before each. The negative control, both caches off (--no-cache-prompt
     --cache-ram 0): nothing reused, every probe valid and the same. Then the host-memory cache on (--cache-ram
     8192): what the server does to the answers is recorded, not assumed; the state evidence (each request's
     cached tokens) must be there, and some pass B turn 1, whose slot state the other conversation replaced,

@@ -13,7 +13,7 @@ import pytest
 from pytest_cachecheck import model
 from pytest_cachecheck.model import (BatchRecord, BatchShape, BatchSummary, CheckResult, CheckResults,
                                      Divergence, EpisodeRecord, EpisodeStep, EpisodeSummary, LoadRun, Outcome,
-                                     Parting, Path,
+                                     OrderConditions, OrderRecord, OrderSummary, Parting, Path,
                                      ProbeSet, ReportError, Request, RunReport,
                                      ServerDescription, Setup, Status, Summary, Tally, TargetReport,
                                      ToolCall)
@@ -62,6 +62,19 @@ def _batch(target: str = "") -> BatchRecord:
         worker="gw0", run=f.setup(), expected="diverged; the rate gate decides (--cachecheck-max-rate)")
 
 
+def _order(target: str = "") -> OrderRecord:
+    return OrderRecord(
+        id="a", source="builtin:1", fingerprint="sha256:a", outcome=Outcome.DIFFERENT, reason="pass B",
+        conditions=OrderConditions(between=2, prompt_words=20, max_tokens=8, seed=3, cache_ram=8192),
+        divergence=Divergence(char=40, token=40, cache_excerpt="a", recompute_excerpt="b"), parted_turn=1,
+        positions=[1, 2], requests=[Request(step="A/turn-1", server="cache", content="hi",
+                                            finish_reason="stop", prompt_tokens=9, completion_tokens=2,
+                                            cached_tokens=0)],
+        duration_s=2.0, target=target or None, server_url="http://127.0.0.1:8000", worker="gw0",
+        run=f.setup(),
+        expected="diverged; the rate gate decides (--cachecheck-max-rate)")
+
+
 def _report() -> RunReport:
     """A report with a baseline comparison, episodes and their summary, checks and a flip."""
     base = f.baseline([f.record("a", "same"), f.record("b", "same")])
@@ -75,6 +88,8 @@ def _report() -> RunReport:
     rep.episode_set = ProbeSet(name="builtin", count=2, fingerprint="sha256:e")
     t.batches = [_batch()]
     t.batch_summary = BatchSummary.of(t.batches, t.batches[0].shape, not_run=["b"])
+    t.orders = [_order()]
+    t.order_summary = OrderSummary.of(t.orders, t.orders[0].conditions, not_run=["b"])
     return rep
 
 
@@ -84,6 +99,7 @@ def _records_of(rep: RunReport) -> Dict[type, Any]:
     probe = next(p for p in t.probes if p.divergence is not None)
     episode = (t.episodes or [])[0]
     batch = (t.batches or [])[0]
+    order = (t.orders or [])[0]
     assert t.baseline is not None and t.episode_summary is not None and t.setup.server is not None
     assert probe.checks is not None and episode.parting is not None and episode.check_results is not None
     found = [rep, t, t.setup, t.setup.server, t.summary, t.summary.tally, t.baseline, t.baseline.rows[0],
@@ -91,7 +107,7 @@ def _records_of(rep: RunReport) -> Dict[type, Any]:
              probe.checks.cache_hits[0], episode, episode.paths[0], episode.paths[0].steps[0],
              episode.paths[0].steps[0].tool_calls[0], episode.parting, episode.check_results,
              episode.check_results.recompute, t.episode_summary, batch, batch.shape, batch.loads[0],
-             t.batch_summary]
+             t.batch_summary, order, order.conditions, t.order_summary]
     return {type(x): x for x in found}
 
 
@@ -113,7 +129,7 @@ def test_every_record_class_round_trips() -> None:
     assert not missing, f"add an instance of {missing} to _records_of"
     for cls, obj in found.items():
         if cls is TargetReport:  # a target's records are the report's, written once at the top
-            obj = dataclasses.replace(obj, probes=[], episodes=None, batches=None)
+            obj = dataclasses.replace(obj, probes=[], episodes=None, batches=None, orders=None)
         data = _through_json(obj.to_json())
         back = RunReport.from_json(data) if cls is RunReport else cls.from_json(data)
         assert back == obj, cls.__name__

@@ -1,4 +1,5 @@
-"""The order measurement (pytest_cachecheck/order.py) against the vLLM emulator, a real HTTP server in process.
+"""The order measurement (pytest_cachecheck/order.py) against the vLLM emulator, a real HTTP server in
+process.
 
 The controls: an emulated server whose answer changes when a request reuses cached state (``diverge_on_hit``,
 the emulator's shared prefix cache: no cache field, so no salt) must be caught as ``different`` wherever pass
@@ -53,11 +54,13 @@ def test_positive_control_state_that_changes_answers_is_caught(emulator):
     assert different, [r.requests for r in records]
     for r in different:
         d = r.divergence
-        assert r.parted_turn == 1 and d is not None and d.char == 40  # the emulator's diverged answers part there
+        # the emulator's diverged answers part at character 40
+        assert r.parted_turn == 1 and d is not None and d.char == 40
         # logprobs were asked on both passes: the token and both margins
         assert d.token is not None and d.cache_margin is not None and d.recompute_margin is not None
         assert d.kind in ("near-tie", "large-gap")
-        assert "pass B (reversed, after other conversations) gave another turn-1 answer than pass A" in r.reason
+        assert ("pass B (reversed, after other conversations) gave another turn-1 answer than pass A"
+                in r.reason)
         assert "cached tokens: A/turn-1 0, " in r.reason
         assert r.message().startswith(f"[{CONDITIONS.label()}] ")
 
@@ -88,7 +91,8 @@ def test_what_is_sent_no_cache_field_file_order_then_reversed_with_others_betwee
     users = [b["messages"][-1]["content"] for b in log]
     others = [i for i, text in enumerate(users) if text.startswith("Background task")]
     assert others == [6, 7, 10, 11, 14, 15]
-    order = [next(k for k, p in enumerate(probes) if b["messages"][:len(p.turn1_messages())] == p.turn1_messages())
+    order = [next(k for k, p in enumerate(probes)
+                  if b["messages"][:len(p.turn1_messages())] == p.turn1_messages())
              for b in log if not b["messages"][-1]["content"].startswith("Background task")]
     assert order == [0, 0, 1, 1, 2, 2, 2, 2, 1, 1, 0, 0]
     assert all(b.get("logprobs") for b in log if not b["messages"][-1]["content"].startswith("Background"))
@@ -98,7 +102,8 @@ def test_a_failed_request_is_an_error_never_a_difference(emulator):
     # request 2: pass A's turn 2 of the first probe; request 7: the other conversation before pass B's first
     emu = emulator(fault={2: "500", 7: "500"})
     records = measure(emu, n=3)
-    assert [r.outcome for r in records] == [Outcome.ERROR, Outcome.SAME, Outcome.ERROR], [r.reason for r in records]
+    assert [r.outcome for r in records] == [Outcome.ERROR, Outcome.SAME, Outcome.ERROR], [
+        r.reason for r in records]
     assert "500" in records[0].reason
     assert records[2].reason.startswith("pass B: other conversation 1 of 1 before this probe failed")
     assert records[0].positions == [1]  # not sent again in pass B
@@ -127,9 +132,10 @@ def test_conditions_and_the_json_round_trip():
     c = OrderConditions(between=2, cache_ram=8192)
     assert c.label() == ("order: server defaults, no cache fields; reversed, 2 other conversations between; "
                          "served llama-server --cache-ram 8192")
-    assert OrderConditions().label() == "order: server defaults, no cache fields; reversed, 1 other conversation between"
+    assert OrderConditions().label() == ("order: server defaults, no cache fields; reversed, 1 other "
+                                         "conversation between")
     assert len(c.others()) == 2 and c.others() == OrderConditions(between=2).others()
-    r = OrderRecord(id="x", source="s", fingerprint="f", outcome=Outcome.DIFFERENT, conditions=c, reason="why",
-                    parted_turn=2, positions=[1, 2])
+    r = OrderRecord(id="x", source="s", fingerprint="f", outcome=Outcome.DIFFERENT, conditions=c,
+                    reason="why", parted_turn=2, positions=[1, 2])
     back = OrderRecord.from_json(r.to_json())
     assert back == r and r.to_json()["kind"] == "order" and r.to_json()["conditions"]["cache_ram"] == 8192

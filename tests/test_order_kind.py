@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import re
 import xml.etree.ElementTree as ET
-from typing import Any, Dict, List
+from typing import Any, Dict
 
 import pytest
 import requests  # noqa: F401  (one copy of requests across pytester runs; see tests/test_faults.py)
@@ -79,10 +79,11 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
     n = len(different)
     assert (f"{CONDITIONS}: order probes 3 | valid 3 (same {same}, different {n}) | inconclusive 0 | errors 0"
             in out)
-    assert f"{CONDITIONS}: {n} of 3 valid order probes answered differently in another order and state." in out
+    said = f"{n} of 3 valid order probes answered differently in another order and state."
+    assert f"{CONDITIONS}: {said}" in out
     assert f"{CONDITIONS}: order divergence rate " in out
-    assert (f"cachecheck verdict: FAIL (diverged): {n} valid order probe{'s' * (n != 1)} answered differently "
-            f"in another order and state ({CONDITIONS})") in out
+    assert (f"cachecheck verdict: FAIL (diverged): {n} valid order probe{'s' * (n != 1)} answered "
+            f"differently in another order and state ({CONDITIONS})") in out
     # the JSON report: the records with both passes' requests and the state each reused, and the summary
     assert all([q["step"] for q in o["requests"]] == ["A/turn-1", "A/turn-2", "B/turn-1", "B/turn-2"]
                for o in orders)
@@ -112,8 +113,8 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
 
 def test_negative_control_no_fault_passes(pytester, emulator):
     emu = emulator()
-    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *ORDER, "--cachecheck-report=r.json",
-                                           "-v", *FAST)
+    result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *ORDER,
+                                           "--cachecheck-report=r.json", "-v", *FAST)
     assert result.ret == 0, result.stdout.str()
     result.assert_outcomes(passed=7)
     out = result.stdout.str()
@@ -135,17 +136,19 @@ def test_without_the_option_nothing_changes(pytester, emulator):
     result.assert_outcomes(passed=3)
     assert "order probe" not in result.stdout.str() and "cachecheck::order" not in result.stdout.str()
     data = _report(pytester.path / "r.json")
-    assert "orders" not in data and "order_summary" not in data["targets"][0] and "order" not in data["settings"]
+    assert "orders" not in data and "order_summary" not in data["targets"][0]
+    assert "order" not in data["settings"]
 
 
 def test_k_selects_a_subset_and_only_those_are_sent(pytester, emulator):
     emu = emulator()
     result = pytester.runpytest_subprocess(f"--cachecheck-url={emu.url}", *ORDER, "-k",
-                                           "order and (tea or bread)", "-v", "--cachecheck-report=r.json", *FAST)
+                                           "order and (tea or bread)", "-v", "--cachecheck-report=r.json",
+                                           *FAST)
     assert result.ret == 0, result.stdout.str()
     ran = re.findall(r"^(cachecheck::\S+) (PASSED|FAILED)", result.stdout.str(), re.M)
-    assert ran == [("cachecheck::order[tea-steeping]", "PASSED"), ("cachecheck::order[bread-rising]", "PASSED"),
-                   ("cachecheck::gate", "PASSED")]
+    assert ran == [("cachecheck::order[tea-steeping]", "PASSED"),
+                   ("cachecheck::order[bread-rising]", "PASSED"), ("cachecheck::gate", "PASSED")]
     assert (_sent(emu, "tea-steeping"), _sent(emu, "bread-rising"), _sent(emu, "bike-chain")) == (4, 4, 0)
     data = _report(pytester.path / "r.json")
     assert [(o["id"], o["positions"]) for o in data["orders"]] == [("tea-steeping", [1, 2]),
@@ -192,7 +195,8 @@ def test_a_failed_request_errors_the_order_item_in_setup(pytester, emulator):
     out = result.stdout.str()
     assert "ERROR at setup of order[tea-steeping]" in out and f"cachecheck: [{CONDITIONS}] " in out
     assert "HTTP 500: Internal Server Error" in out
-    assert "cachecheck verdict: FAIL (errors): 1 probe or order probe failed with a request or server error" in out
+    assert ("cachecheck verdict: FAIL (errors): 1 probe or order probe failed with a request or server "
+            "error") in out
     data = _report(pytester.path / "r.json")
     assert [o["outcome"] for o in data["orders"]] == ["error", "same", "same"]
 
@@ -202,7 +206,8 @@ def test_a_failed_request_errors_the_order_item_in_setup(pytester, emulator):
     [
         (["--cachecheck-order-between=2"], "it goes with --cachecheck-order"),
         (["--cachecheck-order", "--cachecheck-order-between=x"], "--cachecheck-order-between"),
-        (["--cachecheck-order", "--cachecheck-nocache-url=http://127.0.0.1:9"], "conflicts with two-servers mode"),
+        (["--cachecheck-order", "--cachecheck-nocache-url=http://127.0.0.1:9"],
+         "conflicts with two-servers mode"),
         (["--cachecheck-order", "--cachecheck-serve-cache-ram=8"], "it goes with --cachecheck-serve"),
     ],
 )
