@@ -222,8 +222,10 @@ def matrix_lines(targets: Sequence[TargetReport]) -> List[str]:
     return out
 
 
-def result_block(t: Tally, setup: Setup, settings: Mapping[str, Any], probe_set: ProbeSet) -> List[str]:
-    """Lines meant for sharing: counts and settings, no URL, no key, no conversation text."""
+def result_block(t: Tally, setup: Setup, settings: Mapping[str, Any], probe_set: ProbeSet,
+                 counts: bool = True) -> List[str]:
+    """Lines meant for sharing: counts and settings, no URL, no key, no conversation text; the probes' counts
+    and rate only with ``counts`` (not when only other kinds ran)."""
     server = setup.server
     tolerance = setup.hit_tolerance if setup.hit_tolerance is not None else settings.get("hit_tolerance")
     lines = [
@@ -232,10 +234,11 @@ def result_block(t: Tally, setup: Setup, settings: Mapping[str, Any], probe_set:
         + f" | model {shown((server.model if server else None) or '?')}",
         f"probe set {probe_set.name} ({probe_set.fingerprint[:19]}) | max_tokens {settings.get('max_tokens')} | "
         f"hit_tolerance {tolerance}" + (" | skip_hit_check" if settings.get("skip_hit_check") else ""),
-        f"probes {t.probes} | valid {t.valid} | same {t.same} | different {t.different} | "
-        f"inconclusive {t.inconclusive} | errors {t.errors}",
-        divergence_line(t),
     ]
+    if not counts:
+        return lines
+    lines += [f"probes {t.probes} | valid {t.valid} | same {t.same} | different {t.different} | "
+              f"inconclusive {t.inconclusive} | errors {t.errors}", divergence_line(t)]
     rate = rate_line(t)
     if rate:
         lines.append(rate)
@@ -399,7 +402,8 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             if report.matrix and not t.summary.tally.probes and not ran_episodes and not ran_batches:
                 out.append(Line(prefix + "no probe ran"))
                 continue
-            for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set):
+            counts = bool(t.summary.tally.probes) or not (ran_episodes or ran_batches)
+            for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set, counts):
                 out.append(Line(prefix + line))
             out += [Line(prefix + line) for line in check_lines(t.check_tallies()[0], ids=False)]
             if ran_episodes and t.episode_summary is not None and report.episode_set is not None:

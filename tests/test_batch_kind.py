@@ -172,6 +172,10 @@ def test_k_batch_selects_only_the_batch_items_and_the_gate_judges(pytester, emul
     assert len([b for b in emu.requests_log if b.get("messages")]) > 0
     data = _report(pytester.path / "r.json")
     assert data["probes"] == [] and len(data["batches"]) == 2
+    # the result block counts what ran: the batch probes, no "probes 0" line for the probes that did not
+    block = result.stdout.str().split("cachecheck result (to share")[1]
+    assert "batch probes 2 | valid 2" in block.replace(" (same 0, different 2)", "")
+    assert not re.search(r"^probes 0 \|", block, re.M) and "no valid probe differed" not in block
 
 
 @pytest.mark.parametrize("max_rate, ok", [("1", True), ("0.4", False)])
