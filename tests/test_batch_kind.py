@@ -276,6 +276,26 @@ def test_llama_server_slots_are_a_setup_problem_unless_the_batch_kind_is_on():
     assert setup.describe().setup_warnings == setup.warnings  # the report's setup warnings
 
 
+@responses.activate
+@pytest.mark.parametrize("slots, batch, said", [
+    (1, 3, "batched with nothing: it is computed alone (the one-slot negative control)"),
+    (3, 3, "batched with at most 2 of them; start it with -np 4 or more to batch it with all 3"),
+    (4, 3, None), (8, 2, None)])
+def test_fewer_slots_than_the_batch_sends_is_a_setup_warning(slots, batch, said):
+    """The measured request and N background ones need N + 1 slots to be computed together: with fewer, the
+    measured request waits for a slot, and the warning says with how many it is batched (none: the negative
+    control). Without --cachecheck-batch the slot count is only the cache probes' setup problem."""
+    _llama_server(slots)
+    setup = resolve_setup(Settings(url=URL, batch=batch), Redactor())
+    few = [w for w in setup.warnings if "waits for a slot" in w]
+    if said is None:
+        assert few == []
+    else:
+        assert len(few) == 1 and said in few[0]
+        assert few[0].startswith(f"llama-server runs {slots} slot{'s' if slots > 1 else ''}, so with "
+                                 f"--cachecheck-batch {batch} the measured request waits for a slot")
+
+
 def test_a_batch_record_outcome_is_judged_as_a_probe():
     from pytest_cachecheck.run import expectation
     from pytest_cachecheck.settings import resolve
