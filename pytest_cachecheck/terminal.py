@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from . import __version__
+from . import __version__, attribution
 from .kinds import BATCH, EPISODE, PROBE, Kind
 from .model import (STILL_SAME, CheckTally, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict,
                     shown)
@@ -357,6 +357,16 @@ def own_lines(report: RunReport) -> List[Out]:
                   for line in check_lines(report.own_check_summary, "measurement")]
 
 
+def _attribution_lines(t: TargetReport, label: str, verbose: bool) -> List[Out]:
+    """The causes this target measured side by side (attribution.py), when it measured more than one."""
+    found = attribution.lines(t, None if verbose else 10)
+    if not found:
+        return []
+    head = "cachecheck attribution: each cause measured apart, on the same probes"
+    return [Sep("-", head + (f", target {t.name}" if t.name is not None else ""))] + [
+        Line(label + line) for line in found]
+
+
 def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], verbose: bool) -> List[Out]:
     """The session summary: counts, rate, causes and warnings, comparisons, the verdict, the result block."""
     out: List[Out] = [Sep("=", "cachecheck summary")]
@@ -374,6 +384,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             out += _target_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _episode_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _batch_lines(t, f"{t.name}: ")
+            out += _attribution_lines(t, f"{t.name}: ", verbose)
     else:
         t = report.targets[0]
         tally = t.summary.tally
@@ -388,6 +399,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         out += _target_lines(t, "", baseline_path, verbose)
         out += _episode_lines(t, "", baseline_path, verbose)
         out += _batch_lines(t, "")
+        out += _attribution_lines(t, "", verbose)
     out += own_lines(report)
     if total or not verdict.ok:  # an interrupted run says so even before its first probe
         word = "PASS" if verdict.ok else "FAIL"

@@ -95,6 +95,15 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
         f"cachecheck verdict: FAIL (diverged): 2 valid batch probes answered differently amid other requests "
         f"({SHAPE})"
     ) in out
+    # the attribution: each cause on its own line under its conditions, then each probe that differed with
+    # its outcome under every cause (the cache probes ran quiet and stayed the same)
+    section = out.split("cachecheck attribution: each cause measured apart, on the same probes")[1]
+    assert "\ncache: 0 of 2 valid probes differed, 0.0% (95% interval 0.0% to 65.8%); 0 inconclusive, 0 errors [a " \
+        "quiet server, one request at a time: a cache hit against a recompute]" in section
+    assert f"\nbatch: 2 of 2 valid batch probes answered differently amid other requests, 100.0% (95% interval " \
+        f"34.2% to 100.0%); 0 inconclusive, 0 errors [{SHAPE}]" in section
+    for pid in IDS:
+        assert f"\n{pid}: cache same, batch different" in section
     # the JSON report: the batch records, valid and different, counted as the summary says
     data = _report(pytester.path / "r.json")
     assert [b["id"] for b in data["batches"]] == IDS
@@ -119,6 +128,13 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
     assert '<h2 id="batches">Batch probes (2)</h2>' in page and f"<b>{SHAPE}</b>" in page
     assert "Answered differently amid other requests (2)" in page
     assert "batch divergence rate <b>100.0%</b> (2 of 2 valid batch probes)" in page
+    # its attribution: both causes in one table, each probe that differed with its outcome under each
+    attributed = page.split('<h2 id="attribution">Attribution</h2>')[1]
+    assert f"<td>{SHAPE}</td>" in attributed and "<td>cache</td>" in attributed
+    assert "Probes that differed under any cause (2)" in attributed
+    for pid in IDS:
+        assert re.search(rf"<td>{pid}</td><td><span class=\"badge b-same\">same</span></td><td><span "
+                         rf"class=\"badge b-different\">different</span></td>", attributed)
     # JUnit: each batch item's failure is its record's message, naming the conditions
     cases = {c.get("name"): c for c in ET.parse(pytester.path / "j.xml").getroot().iter("testcase")}
     for pid in IDS:
