@@ -648,12 +648,13 @@ class BatchShape(_Json):
         if settings.batch is None:
             return None
         return cls(concurrent=settings.batch, prompt_words=settings.batch_prompt_words,
-                   max_tokens=settings.batch_max_tokens, seed=settings.batch_seed)
+                   max_tokens=settings.batch_max_tokens, seed=settings.batch_seed, lead_s=settings.batch_lead)
 
     def label(self) -> str:
         """The conditions, as every line about a batch measurement names them."""
         return (f"batch: {self.concurrent} background request{'s' * (self.concurrent != 1)} of "
-                f"{self.prompt_words} words, up to {self.max_tokens} tokens, seed {self.seed}; cache off")
+                f"{self.prompt_words} words, up to {self.max_tokens} tokens, seed {self.seed}"
+                + (f", sent {self.lead_s:g} s ahead" if self.lead_s != BatchShape.lead_s else "") + "; cache off")
 
     def messages(self) -> List[List[Dict[str, str]]]:
         """The background requests' chat messages, the same for every probe and run of one shape."""

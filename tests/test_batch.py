@@ -169,3 +169,13 @@ def test_batch_message_calls_a_large_gap_a_bug_signature(margins, said):
     assert "at token 1: alone 'x' vs load 'y'" in text
     assert ("not rounding noise" in text and "llama.cpp #27148" in text) == said
     assert ("nats: large-gap" in text) == said
+
+
+def test_the_lead_is_a_condition_named_only_when_it_is_not_the_default():
+    from pytest_cachecheck.settings import resolve
+    plain = BatchShape.of(resolve({"url": ["http://h:1"], "batch": "2"}, base_dir="."))
+    led = BatchShape.of(resolve({"url": ["http://h:1"], "batch": "2", "batch_lead": "0.5"}, base_dir="."))
+    assert plain is not None and led is not None and (plain.lead_s, led.lead_s) == (0.2, 0.5)
+    assert "ahead" not in plain.label()
+    assert led.label() == ("batch: 2 background requests of 200 words, up to 256 tokens, seed 0, sent 0.5 s "
+                           "ahead; cache off")
