@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .clients import ChatClient, Reply
 from .errors import CachecheckError
+from .kinds import ORDER
 from .model import Divergence, OrderConditions, OrderRecord, Outcome
 from .probes import Probe
 from .protocol import divergence_of
@@ -40,14 +41,8 @@ def order_message(d: Divergence, turn: int) -> str:
             f"{where}\n"
             f"  pass A: {d.cache_excerpt}\n"
             f"  pass B: {d.recompute_excerpt}")
-    if d.cache_token is None or d.recompute_token is None:
-        return text
-    text += f"\n  at token {d.token}: pass A {d.cache_token!r} vs pass B {d.recompute_token!r}"
-    if d.kind is not None:
-        assert d.cache_margin is not None and d.recompute_margin is not None
-        text += (f"; top-2 logprob margin {d.cache_margin:.4f} (pass A) and {d.recompute_margin:.4f} "
-                 f"(pass B) nats: {d.kind}")
-    return text
+    anatomy = d.anatomy(("pass A", "pass B"), ORDER.large_gap)
+    return text + (f"\n  at {anatomy}" if anatomy else "")
 
 
 def reused(record: OrderRecord) -> str:

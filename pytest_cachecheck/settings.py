@@ -75,6 +75,7 @@ class Settings:
     batch_prompt_words: int = 200
     batch_max_tokens: int = 256
     batch_seed: int = 0
+    batch_lead: float = 0.2  # seconds between the last background request's start and the measured request
     order: bool = False  # --cachecheck-order: the order kind (order.py)
     order_between: int = 1  # other conversations sent before each probe of the order kind's pass B
     serve_cache_ram: int = 0  # --cache-ram (MiB) of the llama-server --cachecheck-serve starts
@@ -120,7 +121,8 @@ class Settings:
             **({"gate_on": self.gate_on, "max_flip_rate": self.max_flip_rate} if self.gate_on != GATE_ON[0]
                else {}),
             **({"batch": self.batch, "batch_prompt_words": self.batch_prompt_words,
-                "batch_max_tokens": self.batch_max_tokens, "batch_seed": self.batch_seed}
+                "batch_max_tokens": self.batch_max_tokens, "batch_seed": self.batch_seed,
+                "batch_lead": self.batch_lead}
                if self.batch is not None else {}),
             **({"order": True, "order_between": self.order_between} if self.order else {}),
             **({"serve_cache_ram": self.serve_cache_ram} if self.serve_cache_ram else {}),
@@ -481,6 +483,10 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("batch_seed", "--cachecheck-batch-seed",
                "the seed the background requests' prompts are generated from (with --cachecheck-batch; "
                "default 0)", _number(0, 2**31 - 1, whole=True), metavar="N", reproduced=True),
+    OptionSpec("batch_lead", "--cachecheck-batch-lead",
+               "seconds the measured request waits after every background request is on its way, so that the "
+               "server has them in flight (with --cachecheck-batch; default 0.2)", _number(0.0, 60.0),
+               metavar="SECONDS", reproduced=True),
     OptionSpec("order", "--cachecheck-order",
                "also send the probe set as an application would (no cache control fields: the server's own "
                "defaults), twice: in file order, then reversed with other conversations between (the order "
@@ -516,7 +522,7 @@ SPECS: Dict[str, OptionSpec] = {o.name: o for o in OPTIONS}
 
 #: What must hold between options, one sentence each: (broken(settings, raw values), the error, formatted
 #: with ``s``, the settings). Checked in this order once every option is parsed.
-BATCH_SHAPE_OPTIONS = ("batch_prompt_words", "batch_max_tokens", "batch_seed")
+BATCH_SHAPE_OPTIONS = ("batch_prompt_words", "batch_max_tokens", "batch_seed", "batch_lead")
 Rule = Tuple[Callable[[Settings, Mapping[str, Any]], Any], str]
 RULES: Tuple[Rule, ...] = (
     (lambda s, raw: s.serve and (_listed(raw.get("url")) or raw.get("nocache_url") or _listed(raw.get("target"))),
@@ -557,8 +563,8 @@ RULES: Tuple[Rule, ...] = (
      ("--cachecheck-record records a baseline, where divergences do not fail the run; it conflicts with "
       "--cachecheck-max-flip-rate (ini cachecheck_max_flip_rate)")),
     (lambda s, raw: s.batch is None and any(raw.get(k) is not None for k in BATCH_SHAPE_OPTIONS),
-     ("--cachecheck-batch-prompt-words, --cachecheck-batch-max-tokens and --cachecheck-batch-seed shape the "
-      "batch measurement; they go with --cachecheck-batch N")),
+     ("--cachecheck-batch-prompt-words, --cachecheck-batch-max-tokens, --cachecheck-batch-seed and "
+      "--cachecheck-batch-lead shape the batch measurement; they go with --cachecheck-batch N")),
     (lambda s, raw: s.batch is not None and s.mode == "two-servers",
      ("--cachecheck-batch measures on one server with its cache off; it conflicts with two-servers mode "
       "(--cachecheck-nocache-url)")),

@@ -122,8 +122,8 @@ def test_without_a_server_only_the_nocache_rule_applies(tmp_path):
 @pytest.mark.parametrize("raw", [
     {"url": [URL, "http://10.0.0.2:8080"], "model": "m", "probes": ["a.jsonl", "b.jsonl"], "n": "3",
      "max_tokens": "64", "hit_tolerance": "0", "no_logprobs": True, "episodes": ["builtin"], "batch": "3",
-     "batch_prompt_words": "60", "batch_max_tokens": "64", "batch_seed": "5", "order": True,
-     "order_between": "2"},
+     "batch_prompt_words": "60", "batch_max_tokens": "64", "batch_seed": "5", "batch_lead": "0.5",
+     "order": True, "order_between": "2"},
     {"url": [URL], "nocache_url": "http://nc:9000", "skip_hit_check": "true", "timeout": "5"},
     {"target": ["a=http://h1:1", "b=http://h2:2/v1"], "mode": "one-server"},
 ], ids=["replicas", "two-servers", "matrix"])

@@ -121,6 +121,9 @@ def test_negative_control_no_fault_passes(pytester, emulator):
     assert f"{CONDITIONS}: 0 of 3 valid order probes answered differently in another order and state." in out
     assert ("cachecheck verdict: PASS (passed): no valid probe differed and no valid order probe answered "
             "differently in another order and state") in out
+    # the attribution puts the two causes side by side
+    assert ("order: 0 of 3 valid order probes answered differently in another order and state, 0.0% (95% "
+            "interval 0.0% to ") in out
     # the order items run after the probes, and the probes' salted requests left the order kind no state
     ran = re.findall(r"^(cachecheck::\w+)\[", out, re.M)
     assert ran == ["cachecheck::probe"] * 3 + ["cachecheck::order"] * 3
