@@ -57,9 +57,9 @@ def test_positive_control_a_batch_variant_server_is_caught(emulator):
         # a large gap amid other requests is called what it is: no rounding, a state-mixing bug's signature
         assert ("is not rounding noise" in r.reason) == (d.kind == "large-gap")
         assert r.line().startswith(f"{r.id} [batch: 2 background requests of 20 words, up to 8 tokens, "
-                                   f"seed 7; cache off] different")
+                                   f"seed 7, sent 0.1 s ahead; cache off] different")
     assert summary_line(records, SHAPE) == (
-        "batch: 2 background requests of 20 words, up to 8 tokens, seed 7; cache off: 2 of 2 valid probes "
+        "batch: 2 background requests of 20 words, up to 8 tokens, seed 7, sent 0.1 s ahead; cache off: 2 of 2 valid probes "
         "answered differently under load: 100.0% (2/2, 95% CI 34.2% to 100.0%); 0 inconclusive, 0 errors")
 
 
