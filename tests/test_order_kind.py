@@ -254,3 +254,20 @@ def test_the_served_server_starts_with_the_cache_ram_asked_for(tmp_path):
     assert cmd[cmd.index("--cache-ram") + 1] == "8192"
     cmd = LlamaServer(tmp_path / "llama-server", tmp_path / "m.gguf", port=1).command()
     assert cmd[cmd.index("--cache-ram") + 1] == "0"
+
+
+def test_a_target_matrix_measures_each_target_under_its_name(pytester, emulator):
+    a, b = emulator(), emulator(diverge_on_hit=lambda messages: True)
+    result = pytester.runpytest_subprocess(f"--cachecheck-target=a={a.url}", f"--cachecheck-target=b={b.url}",
+                                           "--cachecheck-order", "--cachecheck-n=1", "-k", "order",
+                                           "--cachecheck-report=r.json", "-v", *FAST)
+    assert result.ret == 1
+    out = result.stdout.str()
+    assert "cachecheck::order[tea-steeping@a] PASSED" in out
+    assert "cachecheck::order[tea-steeping@b] FAILED" in out
+    assert (f"b: {CONDITIONS}: 1 of 1 valid order probe answered differently in another order and state."
+            in out)
+    data = _report(pytester.path / "r.json")
+    assert [(r["target"], r["outcome"]) for r in data["orders"]] == [("a", "same"), ("b", "different")]
+    assert [t["order_summary"]["different"] for t in data["targets"]] == [0, 1]
+    assert (_sent(a, "tea-steeping"), _sent(b, "tea-steeping")) == (4, 4)  # each target measured its own set
