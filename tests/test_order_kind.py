@@ -60,7 +60,8 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
     emu = emulator(diverge_on_hit=lambda messages: True)
     result = pytester.runpytest_subprocess(
         f"--cachecheck-url={emu.url}", *ORDER, "-k", "order", "--cachecheck-report=r.json",
-        "--cachecheck-html=r.html", "--junitxml=j.xml", "-rA", *FAST
+        "--cachecheck-html=r.html", "--junitxml=j.xml", "--json-report", "--json-report-file=jr.json", "-rA",
+        *FAST
     )
     assert result.ret == 1
     out = result.stdout.str()
@@ -109,6 +110,12 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
         assert failure is not None and failure.get("message", "").startswith(f"Failed: [{CONDITIONS}] pass B")
         props = {p.get("name"): p.get("value") for p in cases[f"order[{pid}]"].iter("property")}
         assert OrderRecord.from_json(json.loads(props["cachecheck_order"])).different
+    # pytest-json-report: each order item's record as metadata.cachecheck, with its kind
+    tests = json.loads((pytester.path / "jr.json").read_text(encoding="utf-8"))["tests"]
+    meta = {t["nodeid"]: t.get("metadata", {}).get("cachecheck") for t in tests}
+    for o in orders:
+        got = meta[f"cachecheck::order[{o['id']}]"]
+        assert got is not None and got["kind"] == "order" and got["outcome"] == o["outcome"], got
 
 
 def test_negative_control_no_fault_passes(pytester, emulator):
