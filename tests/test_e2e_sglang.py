@@ -14,7 +14,16 @@ from typing import Any, Dict, Iterator, Tuple
 import pytest
 
 
-from tests.support.plugin_runs import PLAIN_EPISODES, Run, check_episode_run, episode_args
+from tests.support.plugin_runs import (
+    PLAIN_EPISODES,
+    Run,
+    batch_args,
+    batch_figures,
+    check_batch_run,
+    check_episode_run,
+    check_no_early_stop,
+    episode_args,
+)
 from tests.support.sglang_server import STARTED
 
 pytestmark = pytest.mark.e2e
@@ -141,6 +150,26 @@ def test_setup_checks_refuse_swapped_servers(plugin_run, sglang_servers):
     alone = plugin_run(f"--cachecheck-url={nocache.url}", "--cachecheck-n=2")
     assert alone.counts() == {"error": 2}, alone.out[-4000:]
     assert "prefix caching is off on the sglang server under test" in alone.out
+
+
+#: the background requests' length on SGLang: the tiny model ends its answer to them at 95 tokens; 3 of them
+#: take 10-20 s on 2 cores, longer than a measured answer of 64 tokens (64 ended about when it came)
+BATCH_TOKENS = 128
+
+
+def test_batch_kind_from_pytest(plugin_run, sglang_servers):
+    """The batch kind (--cachecheck-batch) on real SGLang: every batch record valid (a fresh ``cache_salt`` on
+    every request kept the radix cache out: nothing reused; the background in flight when each measured
+    request was sent, and still running when some measured answer came: batched), and the background
+    requests' ``ignore_eos`` honoured (they answer their whole ``max_tokens``, past the end token). Whether an
+    answer changes amid the background is recorded, never assumed."""
+    url = sglang_servers.url("default")
+    run = plugin_run(f"--cachecheck-url={url}", *batch_args(BATCH_TOKENS))
+    tally = check_batch_run(run, BATCH_TOKENS)
+    assert run.target["server"]["build"] == "0.5.23"
+    batch_figures(run, f"SGLang 0.5.23 (tiny Qwen2 bf16, page size 1; 3 background requests of 60 words, up "
+                       f"to {BATCH_TOKENS} tokens; answers up to 64)", tally)
+    print(f"MEASURED SGLang 0.5.23 background request: {check_no_early_stop(url, 60, BATCH_TOKENS)}")
 
 
 def test_no_cuda_kernel_was_called():

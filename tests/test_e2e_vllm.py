@@ -15,7 +15,16 @@ from typing import Any, Dict
 
 import pytest
 
-from tests.support.plugin_runs import Run, check_episode_run, episode_args, some_plain_episodes
+from tests.support.plugin_runs import (
+    Run,
+    batch_args,
+    batch_figures,
+    check_batch_run,
+    check_episode_run,
+    check_no_early_stop,
+    episode_args,
+    some_plain_episodes,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -250,3 +259,23 @@ def test_target_matrix_bf16_and_f32(plugin_run, vllm_servers):
     assert len(lines) == 3 and "vs bf16" in lines[0] and "(reference)" in lines[1], matrix.out[-3000:]
     different = sum(t["summary"]["different"] for t in matrix.data["targets"])
     assert matrix.ret == (1 if different else 0)
+
+
+#: the background requests' length on vLLM: the tiny model ends its answer to them at 77 tokens, and 3 of
+#: them take about 1.5 s, three times a measured answer of 64 tokens (64 ended while it was computed)
+BATCH_TOKENS = 256
+
+
+def test_batch_kind_from_pytest(plugin_run, vllm_servers):
+    """The batch kind (--cachecheck-batch) on real vLLM, default block: every batch record valid (a fresh
+    ``cache_salt`` on every request kept the cache off: nothing reused; the background in flight when each
+    measured request was sent, and still running when some measured answer came: batched), and the
+    background requests' ``ignore_eos`` honoured (they answer their whole ``max_tokens``, past the end
+    token). Whether an answer changes amid the background is recorded, never assumed."""
+    url = vllm_servers.url("bf16")
+    run = plugin_run(f"--cachecheck-url={url}", *batch_args(BATCH_TOKENS))
+    tally = check_batch_run(run, BATCH_TOKENS)
+    assert run.target["server"]["build"] == "0.32.0" and run.target["setup_warnings"] == []
+    batch_figures(run, f"vLLM 0.32.0 (tiny Qwen2 bf16, block 128; 3 background requests of 60 words, up to "
+                       f"{BATCH_TOKENS} tokens; answers up to 64)", tally)
+    print(f"MEASURED vLLM 0.32.0 background request: {check_no_early_stop(url, 60, BATCH_TOKENS)}")

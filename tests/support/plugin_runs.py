@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Tuple
 
 from pytest_cachecheck.episodes import builtin_episodes
+from pytest_cachecheck.model import Tally
 
 
 @dataclass
@@ -135,3 +136,95 @@ def check_episode_run(run: Run, ids: Tuple[str, ...], over: int = 0, besides: Tu
     assert s["valid"] == outcomes.count("same") + different and s["changed"] == different
     assert f"{different} of {s['valid']} valid episodes took a different trajectory" in run.out
     assert run.ret == (1 if different else 0)
+
+
+#: the batch kind in the e2e tests on the real vLLM and SGLang servers: few probes, short answers, 3
+#: background requests of 60 words, and only the batch items (``-k batch``; the gate still judges them)
+BATCH_N = 3
+
+
+def batch_args(background_tokens: int) -> Tuple[str, ...]:
+    """The arguments of a batch run whose background requests answer ``background_tokens`` each: chosen per
+    server, longer than the tiny model's answer to them (so ``ignore_eos`` matters) and lasting longer than
+    a measured answer (so the background is still running when it comes)."""
+    return (f"--cachecheck-n={BATCH_N}", "--cachecheck-batch=3", "--cachecheck-batch-prompt-words=60",
+            f"--cachecheck-batch-max-tokens={background_tokens}", "--cachecheck-max-tokens=64", "-k", "batch",
+            "-p", "no:randomly")
+
+
+def check_batch_run(run: Run, background_tokens: int, concurrent: int = 3, words: int = 60) -> Tally:
+    """A run of :func:`batch_args`' batch items alone: one batch record for each of the first ``BATCH_N``
+    built-in probes and no probe record, every batch record valid (the counters trusted, the two alone runs
+    the same, no measured request reused a cached token: the cache really off; each load run's ``concurrent``
+    background requests in flight when its measured request was sent), some background still running when a
+    measured answer came (batched), the conditions asked for, and the batch summary, result line and exit
+    status a recount of the records. Returns the tally."""
+    from pytest_cachecheck.model import BatchRecord, BatchShape
+    from pytest_cachecheck.probes import builtin_probes
+
+    records = [BatchRecord.from_json(b) for b in run.data["batches"]]
+    assert [r.id for r in records] == [p.id for p in builtin_probes()[:BATCH_N]], run.out[-4000:]
+    assert run.data["probes"] == []
+    assert all(r.valid for r in records), [r.reason for r in records if not r.valid]
+    shape = BatchShape(concurrent=concurrent, prompt_words=words, max_tokens=background_tokens)
+    for r in records:
+        assert r.shape == shape, r.id
+        assert [q.step for q in r.requests] == ["turn-1", "alone-1/turn-2", "load-1/turn-2", "alone-2/turn-2",
+                                                "load-2/turn-2"], r.id
+        assert all(q.cached_tokens == 0 for q in r.requests), r.id
+        assert [(x.background, x.in_flight_at_send >= 1) for x in r.loads] == [(concurrent, True)] * 2, r.id
+    # batched: some background was still running when a measured answer came (vLLM and SGLang batch
+    # continuously; a server that queued the measured request would answer it after every background one)
+    assert any(x.in_flight_at_answer > 0 for r in records for x in r.loads), run.data["batches"]
+    t = Tally.of(records)  # type: ignore[arg-type]
+    s = run.target["batch_summary"]
+    assert (s["probes"], s["valid"], s["same"], s["different"], s["inconclusive"], s["errors"]) == (
+        t.probes, t.valid, t.same, t.different, t.inconclusive, t.errors)
+    assert t.different <= t.valid
+    said = f"{t.different} of {t.valid} valid batch probes answered differently amid other requests."
+    assert f"{shape.label()}: {said}" in run.out, run.out[-4000:]
+    assert run.ret == (1 if t.different else 0), run.out[-4000:]
+    assert f"{t.same + (not t.different)} passed" in run.out  # and cachecheck::gate, if it passes
+    return t
+
+
+def batch_figures(run: Run, server: str, tally: Tally) -> None:
+    """``MEASURED batch on <server>: ...``: the counts, and how often the background was still running when a
+    measured answer came (the measured request was batched with it)."""
+    loads = [x for b in run.data["batches"] for x in b["loads"]]
+    batched = sum(1 for x in loads if x["in_flight_at_answer"] > 0)
+    alone = [s for b in run.data["batches"] for s in b["alone_s"]]
+    print(f"\nMEASURED batch on {server}: {tally.different} different of {tally.valid} valid batch probes "
+          f"({tally.inconclusive} inconclusive, {tally.errors} errors); background still running at the "
+          f"measured answer in {batched} of {len(loads)} load runs; measured request "
+          f"{sum(alone) / len(alone):.2f} s alone, {sum(x['measured_s'] for x in loads) / len(loads):.2f} s "
+          f"amid the background (mean); {run.seconds:.0f} s "
+          f"{[b['id'] for b in run.data['batches'] if b['outcome'] == 'different']}")
+
+
+def check_no_early_stop(url: str, shape_words: int, max_tokens: int) -> str:
+    """The server honours the background requests' ``no_early_stop`` fields (``ignore_eos``): one background
+    request, sent as the batch kind sends it, answers its whole ``max_tokens``; and one asked for more tokens
+    than the same request answers without the field goes on past its end token. Returns what was seen."""
+    from pytest_cachecheck.batch import BatchRunner
+    from pytest_cachecheck.clients import detect_server
+    from pytest_cachecheck.clients.http import Http
+    from pytest_cachecheck.model import BatchShape
+
+    client = detect_server(Http(url, timeout=600), None)
+    runner = BatchRunner(client, BatchShape(concurrent=1, prompt_words=shape_words, max_tokens=max_tokens),
+                         max_tokens=max_tokens)
+    messages = runner.shape.messages()[0]
+    background = {**runner.fields(), **client.no_early_stop()}
+    assert background.get("ignore_eos") is True, background
+    whole = client.chat(messages, max_tokens=max_tokens, cache=background)
+    assert (whole.completion_tokens, whole.finish_reason) == (max_tokens, "length"), whole
+    plain = client.chat(messages, max_tokens=512, cache=runner.fields())
+    seen = f"without ignore_eos {plain.completion_tokens} tokens ({plain.finish_reason})"
+    if plain.finish_reason == "stop" and plain.completion_tokens is not None:  # past the end token
+        more = plain.completion_tokens + 16
+        past = client.chat(messages, max_tokens=more, cache=background)
+        assert (past.completion_tokens, past.finish_reason) == (more, "length"), past
+        assert past.content.startswith(plain.content), (past.content[:200], plain.content[:200])
+        seen += f", with it {more} of {more} (length)"
+    return seen
