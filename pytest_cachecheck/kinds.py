@@ -34,7 +34,10 @@ EPISODE = Kind("episode", "episodes", "changed trajectory", "changed trajectory"
 #: a probe's turn 2 alone and amid other requests, the cache off (batch.py)
 BATCH = Kind("batch", "batch probes", "answered differently amid other requests",
              "answered differently amid other requests", "batch divergence rate", word="batch probe")
-KINDS = (PROBE, EPISODE, BATCH)
+#: the probe protocol (cache path vs recompute path) with every turn-2 request amid the batch kind's background
+LOADED = Kind("loaded", "cache probes under load", "diverged under load", "diverged under load",
+              "divergence rate under load", word="cache probe under load")
+KINDS = (PROBE, EPISODE, BATCH, LOADED)
 
 
 def listed(words: Sequence[str], conjunction: str) -> str:

@@ -22,8 +22,8 @@ from ._api import ITEM_RECORDS, STATE, CacheCheck, State, measure_item
 from ._collect import Role
 from .episodes import Episode
 from .errors import ConfigError
-from .kinds import BATCH
-from .model import BatchRecord, EpisodeRecord, ProbeRecord, record_key
+from .kinds import BATCH, LOADED
+from .model import BatchRecord, EpisodeRecord, LoadedRecord, ProbeRecord, record_key
 from .probes import Probe
 from .reporter import Reporter
 from .session import CheckSession, Host, open_session
@@ -244,7 +244,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     if state is None:
         return
     items.extend(_collect.collect_probe_items(session, episodes=bool(state.session.episodes),
-                                              batch=state.session.settings.batch is not None))
+                                              batch=state.session.settings.batch is not None,
+                                              loaded=state.session.settings.load_cache))
     worker = _collect.worker_id(config)
     if worker is not None and state.placement is not None:
         state.placement.write_fixture_users(worker, items)
@@ -257,6 +258,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         argname = "cachecheck_episode"
     elif metafunc.function is _items.batch:
         argname = "cachecheck_batch"  # a batch item's case is a probe
+    elif metafunc.function is _items.loaded:
+        argname = "cachecheck_loaded"  # so is a loaded item's
     else:
         return
     cs = _session(metafunc.config)
@@ -297,6 +300,14 @@ def cachecheck_batch_result(request: pytest.FixtureRequest, cachecheck_batch: Pr
     """Measure the item's probe alone and amid background requests (five measured requests, each load run's
     background beside); a failed request errors the item here, in setup."""
     return measure_item(request, cachecheck_batch, cachecheck_target, BATCH)
+
+
+@pytest.fixture
+def cachecheck_loaded_result(request: pytest.FixtureRequest, cachecheck_loaded: Probe,
+                             cachecheck_target: Optional[str]) -> LoadedRecord:
+    """Measure the item's probe on both paths with every turn-2 request amid background requests (six measured
+    requests, four load runs); a failed request errors the item here, in setup."""
+    return measure_item(request, cachecheck_loaded, cachecheck_target, LOADED)
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ from typing import Any, Dict, Generator, List, Optional, Set, Tuple, Union
 import pytest
 
 from . import _collect, _items, terminal
-from ._api import BATCH_RECORD, CHECK_RECORD, PROPERTIES, RECORD, State
+from ._api import BATCH_RECORD, CHECK_RECORD, LOADED_RECORD, PROPERTIES, RECORD, State
 from .files import write_report
-from .kinds import BATCH, EPISODE, KINDS, PROBE
-from .model import BatchRecord, EpisodeRecord, ProbeRecord, RunReport, Status, Verdict
+from .kinds import BATCH, EPISODE, KINDS, LOADED, PROBE
+from .model import BatchRecord, EpisodeRecord, LoadedRecord, ProbeRecord, RunReport, Status, Verdict
 from .run import KindInput, RunResult, summarise
 from .session import CheckSession
 from .text import printable
@@ -35,7 +35,7 @@ class JsonRecord(Dict[str, Any]):
         return json.dumps(self)
 
 
-Record = Union[ProbeRecord, EpisodeRecord, BatchRecord]
+Record = Union[ProbeRecord, EpisodeRecord, BatchRecord, LoadedRecord]
 
 
 @dataclass
@@ -76,6 +76,8 @@ class Reporter:
         batch = s.settings.batch is not None  # the batch kind measures the probes again, amid other requests
         kinds = ((PROBE, s.probe_set, s.probes), (EPISODE, s.episode_set, s.episodes),
                  (BATCH, s.probe_set if batch else None, s.probes if batch else []))
+        if s.settings.load_cache:  # the cache under load: the probes again, turn 2 amid the batch background
+            kinds += ((LOADED, s.probe_set, s.probes),)
         inputs = [KindInput(kind, item_set, [i.id for i in items or ()], got.records, got.checks, got.selected)
                   for kind, item_set, items in kinds for got in [self.kinds[kind.name]]]
         return summarise(s.settings, inputs, s.target_inputs(), s.baselines, interrupted)
@@ -137,7 +139,7 @@ class Reporter:
     @pytest.hookimpl(tryfirst=True)  # before anything that prints the outcome: a signal may come between
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # before junitxml reads them; under xdist the controller gets plain dicts back, so wrap here
-        report.user_properties = [(name, JsonRecord(value) if name in (RECORD, CHECK_RECORD, BATCH_RECORD)
+        report.user_properties = [(name, JsonRecord(value) if name in (RECORD, CHECK_RECORD, BATCH_RECORD, LOADED_RECORD)
                                    and isinstance(value, dict) else value)
                                   for name, value in report.user_properties]
         for name, value in report.user_properties:

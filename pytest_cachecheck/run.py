@@ -13,16 +13,16 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .baseline import Baseline, compare, env_of, should_fail
 from .identity import server_groups
-from .kinds import BATCH, EPISODE, PROBE, Kind, all_of, any_of
+from .kinds import BATCH, EPISODE, LOADED, PROBE, Kind, all_of, any_of
 from .model import (BatchRecord, BatchShape, BatchSummary, CheckTally, Comparison, EpisodeRecord,
-                    EpisodeSummary, Outcome, ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally,
+                    EpisodeSummary, LoadedRecord, LoadedSummary, Outcome, ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally,
                     TargetReport, Verdict, record_key)
 from .redact import display_url
 from .settings import Settings
 from .text import counted
 
 Gate = Tuple[bool, str]  # (fails?, why)
-Record = Union[ProbeRecord, EpisodeRecord, BatchRecord]
+Record = Union[ProbeRecord, EpisodeRecord, BatchRecord, LoadedRecord]
 
 
 def now() -> str:
@@ -305,6 +305,10 @@ class TargetResult:
     def batches(self) -> Optional[KindResult]:
         return self.kinds.get(BATCH.name)
 
+    @property
+    def loaded(self) -> Optional[KindResult]:
+        return self.kinds.get(LOADED.name)
+
     def report(self, exit_status: Optional[int], shape: Optional[BatchShape] = None) -> TargetReport:
         p = self.probes
         summary = Summary(tally=p.tally, status=self.verdict.status, why=self.verdict.why, exit_status=exit_status,
@@ -321,6 +325,10 @@ class TargetResult:
         if b is not None:
             out.batches = list(b.records)  # type: ignore[arg-type]
             out.batch_summary = BatchSummary.of(out.batches, shape or BatchShape(), b.not_run)
+        x = self.loaded
+        if x is not None:
+            out.loaded = list(x.records)  # type: ignore[arg-type]
+            out.loaded_summary = LoadedSummary.of(out.loaded, shape or BatchShape(), x.not_run)
         return out
 
 
@@ -405,6 +413,14 @@ def _baseline_of(baseline: Optional[Baseline], kind: Kind) -> Optional[Baseline]
     return None
 
 
+def _conditions(kind: Kind, shape: Optional[BatchShape]) -> str:
+    """What a kind measured under, as its verdict names it: the batch kind's and the cache under load's
+    background; nothing for the others."""
+    if shape is None:
+        return ""
+    return shape.label() if kind == BATCH else shape.load_label() if kind == LOADED else ""
+
+
 def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence[TargetInput],
               baselines: Mapping[Optional[str], Baseline], interrupted: Union[bool, str]) -> RunResult:
     """The verdict of every target and of the session, from what each kind measured (``inputs``, the
@@ -457,7 +473,7 @@ def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence
         shape = BatchShape.of(settings)
         counts = [Count(kind=kr.kind, tally=kr.tally, unexpected=sum(1 for r in kr.records if _unexpected(r)),
                         flipped=sum(1 for r in kr.records if _unexpected(r) and r.flip),
-                        conditions=shape.label() if kr.kind == BATCH and shape is not None else "")
+                        conditions=_conditions(kr.kind, shape))
                   for kr in results_of]
         verdict = judge(counts, settings.min_valid, interrupted, gates or None, placement_problem(every, target.name),
                         not_measured, sum(1 for c in checks if c.target == target.name and c.outcome == Outcome.ERROR))

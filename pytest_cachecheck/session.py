@@ -77,6 +77,10 @@ class CheckSession:
         """Every batch item's record key (one per probe and target); none when the batch kind is off."""
         return self.keys() if self.settings.batch is not None else []
 
+    def loaded_keys(self) -> List[str]:
+        """Every loaded item's record key (one per probe and target); none when the loaded kind is off."""
+        return self.keys() if self.settings.load_cache else []
+
     @property
     def batch_shape(self) -> Optional["BatchShape"]:
         """The batch kind's background traffic (--cachecheck-batch and its shape options); None when off."""
@@ -95,11 +99,11 @@ class CheckSession:
 
     def expectation(self, record: Any) -> Optional[str]:
         """Why this record's divergence does not fail the run by itself, or None (``run.expectation``)."""
-        from .model import BatchRecord, EpisodeRecord
+        from .model import BatchRecord, EpisodeRecord, LoadedRecord
         from .run import expectation
 
-        # a baseline's known divergences are probes' and episodes'; a batch probe has none
-        known = ({} if isinstance(record, BatchRecord)
+        # a baseline's known divergences are probes' and episodes'; a batch probe (or one under load) has none
+        known = ({} if isinstance(record, (BatchRecord, LoadedRecord))
                  else self.baseline_different(record.target, episodes=isinstance(record, EpisodeRecord)))
         return expectation(record, self.settings, known)
 

@@ -75,6 +75,7 @@ class Settings:
     batch_prompt_words: int = 200
     batch_max_tokens: int = 256
     batch_seed: int = 0
+    load_cache: bool = False  # the loaded kind: the probe protocol with turn 2 amid the batch kind's background
     hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
     notes: Tuple[str, ...] = ()  # what the plugin made of the values given, for the header
 
@@ -119,6 +120,7 @@ class Settings:
             **({"batch": self.batch, "batch_prompt_words": self.batch_prompt_words,
                 "batch_max_tokens": self.batch_max_tokens, "batch_seed": self.batch_seed}
                if self.batch is not None else {}),
+            **({"load_cache": True} if self.load_cache else {}),
         }
 
 
@@ -476,6 +478,11 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("batch_seed", "--cachecheck-batch-seed",
                "the seed the background requests' prompts are generated from (with --cachecheck-batch; "
                "default 0)", _number(0, 2**31 - 1, whole=True), metavar="N", reproduced=True),
+    OptionSpec("load_cache", "--cachecheck-load-cache",
+               "also measure the cache under load: each probe's cache and recompute paths with every turn-2 "
+               "request amid the --cachecheck-batch background (the loaded kind, items cachecheck::loaded[...]); "
+               "needs --cachecheck-batch N. Default: off",
+               lambda n, v, b: _bool(n, v or False, b), kind="bool", reproduced=True),
     OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server (at least 8 "
                "printable ASCII characters)", _api_key, env="CACHECHECK_API_KEY", metavar="KEY",
                shown=lambda v: "***"),
@@ -544,6 +551,9 @@ RULES: Tuple[Rule, ...] = (
     (lambda s, raw: s.batch is not None and s.mode == "two-servers",
      ("--cachecheck-batch measures on one server with its cache off; it conflicts with two-servers mode "
       "(--cachecheck-nocache-url)")),
+    (lambda s, raw: s.load_cache and s.batch is None,
+     ("--cachecheck-load-cache measures the cache amid the batch kind's background; it goes with "
+      "--cachecheck-batch N (and its shape options)")),
     (lambda s, raw: s.max_flip_rate is not None and s.gate_on != "flips",
      "--cachecheck-max-flip-rate gates the run on flips; it conflicts with --cachecheck-gate-on divergence"),
 )

@@ -94,6 +94,7 @@ RULE_CASES: List[Dict[str, Any]] = [
     {"url": [URL], "record": "rec.json", "max_flip_rate": "0.1"},
     {"url": [URL], "batch_seed": "3"},
     {"url": [URL], "nocache_url": "http://nc:9000", "batch": "2"},
+    {"url": [URL], "load_cache": True},
     {"url": [URL], "max_flip_rate": "0.1", "gate_on": "divergence"},
 ]
 
