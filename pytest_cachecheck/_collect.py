@@ -96,7 +96,8 @@ def collect_probe_items(session: pytest.Session, episodes: bool = False,
     """The probe (episode, batch) items, collected from the synthetic module and reported as its
     collection."""
     module = ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid=MODULE, name=MODULE)
-    module.functions = (PROBE,) + ((EPISODE,) if episodes else ()) + ((BATCH,) if batch else ()) + ((LOADED,) if loaded else ())
+    module.functions = ((PROBE,) + ((EPISODE,) if episodes else ()) + ((BATCH,) if batch else ())
+                        + ((LOADED,) if loaded else ()))
     items: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
     session.config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None,
                                                                         list(items)))

@@ -139,7 +139,8 @@ class Reporter:
     @pytest.hookimpl(tryfirst=True)  # before anything that prints the outcome: a signal may come between
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # before junitxml reads them; under xdist the controller gets plain dicts back, so wrap here
-        report.user_properties = [(name, JsonRecord(value) if name in (RECORD, CHECK_RECORD, BATCH_RECORD, LOADED_RECORD)
+        wrapped = (RECORD, CHECK_RECORD, BATCH_RECORD, LOADED_RECORD)
+        report.user_properties = [(name, JsonRecord(value) if name in wrapped
                                    and isinstance(value, dict) else value)
                                   for name, value in report.user_properties]
         for name, value in report.user_properties:

@@ -15,7 +15,8 @@ from .baseline import Baseline, compare, env_of, should_fail
 from .identity import server_groups
 from .kinds import BATCH, EPISODE, LOADED, PROBE, Kind, all_of, any_of
 from .model import (BatchRecord, BatchShape, BatchSummary, CheckTally, Comparison, EpisodeRecord,
-                    EpisodeSummary, LoadedRecord, LoadedSummary, Outcome, ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally,
+                    EpisodeSummary, LoadedRecord, LoadedSummary, Outcome, ProbeRecord, ProbeSet, RunReport, Setup,
+                    Status, Summary, Tally,
                     TargetReport, Verdict, record_key)
 from .redact import display_url
 from .settings import Settings

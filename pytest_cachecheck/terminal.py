@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import __version__
-from .kinds import BATCH, EPISODE, PROBE, Kind
+from .kinds import BATCH, EPISODE, LOADED, PROBE, Kind
 from .model import (STILL_SAME, CheckTally, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict,
                     shown)
 from .redact import display_url
@@ -122,6 +122,10 @@ def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[
     if shape is not None:
         lines.insert(-1, f"cachecheck: {shape.label()}: each probe is measured again, its turn 2 alone and "
                          f"amid those requests in flight (items cachecheck::batch[...])")
+        if s.load_cache:
+            lines.insert(-1, f"cachecheck: {shape.load_label()}: each probe's cache and recompute paths are "
+                             f"measured again, every turn 2 amid those requests in flight (items "
+                             f"cachecheck::loaded[...])")
     return lines
 
 
@@ -340,6 +344,48 @@ def _batch_lines(t: TargetReport, label: str) -> List[Out]:
     return out
 
 
+def loaded_count_line(t: TargetReport) -> Optional[str]:
+    """The cache probes under load: counts, naming the conditions; None when the kind is off or none ran."""
+    s = t.loaded_summary
+    if s is None or not s.tally.probes:
+        return None
+    x = s.tally
+    return (f"{s.conditions.load_label()}: {LOADED.plural} {x.probes} | valid {x.valid} (same {x.same}, "
+            f"different {x.different}) | inconclusive {x.inconclusive} | errors {x.errors}")
+
+
+def loaded_rate_line(t: TargetReport) -> Optional[str]:
+    """The divergence rate under load, with its 95% Wilson interval and the conditions."""
+    s = t.loaded_summary
+    line = rate_line(s.tally, LOADED) if s is not None else None
+    return f"{s.conditions.load_label()}: {line}" if s is not None and line else None
+
+
+def _loaded_lines(t: TargetReport, label: str) -> List[Out]:
+    """The cache probes under load of one target, each line naming the conditions: counts, how many diverged
+    and how many of those the load alone changed (the batch kind), the rate with its interval, the first
+    error."""
+    s = t.loaded_summary
+    counts = loaded_count_line(t)
+    if s is None or counts is None:
+        return []
+    x, shape = s.tally, s.conditions.load_label()
+    out: List[Out] = [Line(label + counts)]
+    if x.valid:
+        out.append(Line(f"{label}{shape}: {s.attribution()}.", {"bold": True, "red": bool(x.different)}))
+    else:
+        out.append(Line(f"{label}{shape}: no valid {LOADED.unit}: no cache path and recompute path under load "
+                        f"could be compared."))
+    rate = loaded_rate_line(t)
+    if rate:
+        out.append(Line(label + rate))
+    errored = [r.reason for r in t.loaded or [] if r.outcome == "error"]
+    if errored:
+        out.append(Line(f"{label}{shape}: errors: {len(errored)}; the first: {errored[0][:240]}",
+                        {"red": True}))
+    return out
+
+
 def own_lines(report: RunReport) -> List[Out]:
     """The tests' own measurements (``cachecheck.check()``, ``.episode()``): how they came out, and their
     outcome checks with the flips (each test decides its own pass or fail; these lines count them)."""
@@ -360,7 +406,8 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
     probes = sum(t.summary.tally.probes for t in report.targets)
     episodes = sum(t.episode_summary.tally.probes for t in report.targets if t.episode_summary is not None)
     batches = sum(t.batch_summary.tally.probes for t in report.targets if t.batch_summary is not None)
-    total = probes + episodes + batches
+    loaded = sum(t.loaded_summary.tally.probes for t in report.targets if t.loaded_summary is not None)
+    total = probes + episodes + batches + loaded
     if total == 0:
         out.append(Line("cachecheck: no probe ran"))
     elif report.matrix:
@@ -371,10 +418,11 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             out += _target_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _episode_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _batch_lines(t, f"{t.name}: ")
+            out += _loaded_lines(t, f"{t.name}: ")
     else:
         t = report.targets[0]
         tally = t.summary.tally
-        if tally.probes or not (episodes or batches):
+        if tally.probes or not (episodes or batches or loaded):
             out.append(Line(f"probes: {tally.probes} | valid: {tally.valid} (same {tally.same}, different "
                             f"{tally.different}) | inconclusive: {tally.inconclusive} | errors: {tally.errors}"))
             out.append(Line(divergence_line(tally), {"bold": True, "red": bool(tally.different)}))
@@ -385,6 +433,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         out += _target_lines(t, "", baseline_path, verbose)
         out += _episode_lines(t, "", baseline_path, verbose)
         out += _batch_lines(t, "")
+        out += _loaded_lines(t, "")
     out += own_lines(report)
     if total or not verdict.ok:  # an interrupted run says so even before its first probe
         word = "PASS" if verdict.ok else "FAIL"
@@ -396,7 +445,8 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             prefix = f"[{t.name}] " if report.matrix else ""
             ran_episodes = t.episode_summary is not None and t.episode_summary.tally.probes > 0
             ran_batches = t.batch_summary is not None and t.batch_summary.tally.probes > 0
-            if report.matrix and not t.summary.tally.probes and not ran_episodes and not ran_batches:
+            ran_loaded = t.loaded_summary is not None and t.loaded_summary.tally.probes > 0
+            if report.matrix and not t.summary.tally.probes and not (ran_episodes or ran_batches or ran_loaded):
                 out.append(Line(prefix + "no probe ran"))
                 continue
             for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set):
@@ -412,6 +462,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
                     out.append(Line(prefix + rate))
                 out += [Line(prefix + line) for line in check_lines(t.check_tallies()[1], "episode", ids=False)]
             out += [Line(prefix + line) for line in (batch_count_line(t), batch_rate_line(t)) if line]
+            out += [Line(prefix + line) for line in (loaded_count_line(t), loaded_rate_line(t)) if line]
     if any((t.served or {}).get("demo") for t in report.targets):
         out.append(Line("cachecheck: that was the demo (random weights: its divergences say nothing "
                         "about real models); measure your own server with: "

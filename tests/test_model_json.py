@@ -12,7 +12,8 @@ import pytest
 
 from pytest_cachecheck import model
 from pytest_cachecheck.model import (BatchRecord, BatchShape, BatchSummary, CheckResult, CheckResults,
-                                     Divergence, EpisodeRecord, EpisodeStep, EpisodeSummary, LoadedRecord, LoadedSummary, LoadRun, Outcome,
+                                     Divergence, EpisodeRecord, EpisodeStep, EpisodeSummary, LoadedRecord,
+                                     LoadedSummary, LoadRun, Outcome,
                                      Parting, Path,
                                      ProbeSet, ReportError, Request, RunReport,
                                      ServerDescription, Setup, Status, Summary, Tally, TargetReport,
