@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from .background import Background
 from .clients import ChatClient, Reply
+from .kinds import BATCH
 from .model import BatchRecord, BatchShape, Divergence, LoadRun, Outcome, Tally
 from .probes import Probe
 from .protocol import divergence_of, first_difference
@@ -68,14 +69,8 @@ def batch_message(d: Divergence, run: int) -> str:
     text = (f"under load (run {run}) the turn-2 answer differed from the answer alone, from {where}\n"
             f"  alone: {d.cache_excerpt}\n"
             f"  load:  {d.recompute_excerpt}")
-    if d.cache_token is None or d.recompute_token is None:
-        return text
-    text += f"\n  at token {d.token}: alone {d.cache_token!r} vs load {d.recompute_token!r}"
-    if d.kind is not None:
-        assert d.cache_margin is not None and d.recompute_margin is not None
-        text += (f"; top-2 logprob margin {d.cache_margin:.4f} (alone) and {d.recompute_margin:.4f} (load) "
-                 f"nats: {d.kind}")
-    return text
+    anatomy = d.anatomy(("alone", "load"), BATCH.large_gap)
+    return text + (f"\n  at {anatomy}" if anatomy else "")
 
 
 class BatchRunner:

@@ -35,6 +35,7 @@ from enum import Enum
 from types import GeneratorType
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from . import attribution
 from .files import write_text
 from .model import (CACHE_FAILS, CACHE_PASSES, CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE,
                     NEWLY_DIVERGED, NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE,
@@ -750,6 +751,36 @@ def _loaded_section(t: TargetReport, suffix: str) -> Markup:
         members = [_loaded_article(x, anchors[x.id]) for x in t.loaded if x.outcome.value == outcome]
         if members:
             out.append(_group(title, why, members, outcome == "same"))
+
+
+# --------------------------------------------------------------------------- the attribution
+
+def _attribution_section(t: TargetReport, suffix: str) -> Markup:
+    """Each cause the target measured, side by side (attribution.py), and the probes that differed under any
+    of them with their outcome under each; nothing when it measured fewer than two causes."""
+    found = attribution.causes(t)
+    if len(found) < 2:
+        return Markup()
+    rows = [h("tr", {}, [h("th", {}, x) for x in ("cause", "conditions", "valid", "differed", "rate",
+                                                    "inconclusive", "errors")])]
+    for c in found:
+        rows.append(h("tr", {}, h("td", {}, c.name), h("td", {}, c.conditions), h("td", {}, c.tally.valid),
+                      h("td", {}, c.tally.different), h("td", {}, _rate_html(c.tally.rate, "", c.kind.unit)),
+                      h("td", {}, c.tally.inconclusive), h("td", {}, c.tally.errors)))
+    out = [h("h2", {"id": f"attribution{suffix}"}, "Attribution"),
+           h("p", {"class": "why"}, "Each cause measured apart, on the same probes: a probe that differs under "
+             "one cause and not another points at that cause."),
+           h("table", {"class": "grid"}, rows)]
+    parted = attribution.told_apart(found)
+    if parted:
+        grid = [h("tr", {}, h("th", {}, "probe"), [h("th", {}, c.name) for c in found])]
+        for i, each in parted:
+            by = {c.name: o for c, o in each}
+            grid.append(h("tr", {}, h("td", {}, i), [h("td", {}, _badge(by[c.name].value) if c.name in by
+                                                     else "not measured") for c in found]))
+        out += [h("h3", {}, f"Probes that differed under any cause ({len(parted)})"), h("table", {"class": "grid"}, grid)]
+    else:
+        out.append(h("p", {}, "No probe differed under any cause."))
     return join(out)
 
 
@@ -865,7 +896,7 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[Markup]:
         parts.append(_comparison_section(t.baseline, anchors, title="Baseline comparison", ident="baseline"))
     if not only_episodes:
         parts += [h("h2", {"id": "probes"}, f"Probes ({len(probes)})"), _probe_groups(probes, "")]
-    parts += [_episodes_section(t, ""), _batches_section(t, ""), _loaded_section(t, "")]
+    parts += [_episodes_section(t, ""), _batches_section(t, ""), _loaded_section(t, ""), _attribution_section(t, "")]
     server = t.setup.server
     rows: List[Tuple[str, Any]] = [("mode", t.setup.mode or report.settings.get("mode") or "?"),
                                    ("server", _server_text(server))]
@@ -967,6 +998,7 @@ def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], Li
     out += [h("h3", {"id": f"probes-{i}"}, f"Probes on {t.name} ({len(probes)})"),
             _probe_groups(probes, f"-{i}"), _episodes_section(t, f"-{i}"), _batches_section(t, f"-{i}"),
             _loaded_section(t, f"-{i}"),
+            _attribution_section(t, f"-{i}"),
             h("details", {}, h("summary", {}, f"setup of {t.name}"), _kv_table(_setup_rows(t), f"setup-{i}"))]
     return h("section", {"class": "target", "id": f"target-{i}"}, out)
 

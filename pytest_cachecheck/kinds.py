@@ -18,6 +18,8 @@ class Kind:
     changed: str  # the same, short (after "2 of 20 valid probes")
     rate_name: str  # what the rate of differing items is called
     word: str = ""  # the word for one item, when it is not ``name``: "batch probe"
+    #: what a large-gap difference means for this kind, said after its anatomy ("" says nothing more)
+    large_gap: str = ""
 
     @property
     def unit(self) -> str:
@@ -29,11 +31,17 @@ class Kind:
         return f"no valid {self.unit} {self.changed}"
 
 
+#: a large gap where the cache was off or the state came from elsewhere is no rounding: at least one side was sure
+STATE_BUG = ("a large gap {where} is not rounding noise (at least one side was sure of its token): the signature "
+             "of a server bug that mixes state between requests (such bugs exist upstream: llama.cpp #27148 "
+             "restored another conversation's cache); report it with this record")
+
 PROBE = Kind("probe", "probes", "gave a different turn-2 answer", "differed", "divergence rate")
 EPISODE = Kind("episode", "episodes", "changed trajectory", "changed trajectory", "trajectory change rate")
 #: a probe's turn 2 alone and amid other requests, the cache off (batch.py)
 BATCH = Kind("batch", "batch probes", "answered differently amid other requests",
-             "answered differently amid other requests", "batch divergence rate", word="batch probe")
+             "answered differently amid other requests", "batch divergence rate", word="batch probe",
+             large_gap=STATE_BUG.format(where="amid other requests"))
 #: the probe protocol (cache path vs recompute path) with every turn-2 request amid the batch kind's background
 LOADED = Kind("loaded", "cache probes under load", "diverged under load", "diverged under load",
               "divergence rate under load", word="cache probe under load")

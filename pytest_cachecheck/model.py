@@ -350,14 +350,20 @@ class Divergence(_Json):
     def near_tie_threshold(self) -> float:
         return NEAR_TIE_NATS
 
-    def anatomy(self) -> Optional[str]:
+    def anatomy(self, sides: Tuple[str, str] = ("cache", "recompute"), large_gap: str = "") -> Optional[str]:
+        """``token 3: cache 'a' vs recompute 'b'; top-2 logprob margin ... nats: near-tie``, the two sides named
+        by ``sides`` (the batch kind's are "alone" and "load"), and ``large_gap`` (what a large gap means for
+        this kind of measurement) added after a large gap; None without both tokens."""
         if self.cache_token is None or self.recompute_token is None:
             return None
-        text = f"token {self.token}: cache {self.cache_token!r} vs recompute {self.recompute_token!r}"
+        a, b = sides
+        text = f"token {self.token}: {a} {self.cache_token!r} vs {b} {self.recompute_token!r}"
         if self.kind is not None:
             assert self.cache_margin is not None and self.recompute_margin is not None
-            text += (f"; top-2 logprob margin {self.cache_margin:.4f} (cache) and {self.recompute_margin:.4f} "
-                     f"(recompute) nats: {self.kind}")
+            text += (f"; top-2 logprob margin {self.cache_margin:.4f} ({a}) and {self.recompute_margin:.4f} "
+                     f"({b}) nats: {self.kind}")
+            if self.kind == "large-gap" and large_gap:
+                text += f"\n  {large_gap}"
         return text
 
 

@@ -16,7 +16,7 @@ from typing import Any, Dict, Generator, List, Optional, Set, Tuple, Union
 import pytest
 
 from . import _collect, _items, terminal
-from ._api import BATCH_RECORD, CHECK_RECORD, LOADED_RECORD, PROPERTIES, RECORD, State
+from ._api import PROPERTIES, State
 from .files import write_report
 from .kinds import BATCH, EPISODE, KINDS, LOADED, PROBE
 from .model import BatchRecord, EpisodeRecord, LoadedRecord, ProbeRecord, RunReport, Status, Verdict
@@ -139,9 +139,8 @@ class Reporter:
     @pytest.hookimpl(tryfirst=True)  # before anything that prints the outcome: a signal may come between
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         # before junitxml reads them; under xdist the controller gets plain dicts back, so wrap here
-        wrapped = (RECORD, CHECK_RECORD, BATCH_RECORD, LOADED_RECORD)
-        report.user_properties = [(name, JsonRecord(value) if name in wrapped
-                                   and isinstance(value, dict) else value)
+        report.user_properties = [(name, JsonRecord(value) if name in PROPERTIES and isinstance(value, dict)
+                                   else value)
                                   for name, value in report.user_properties]
         for name, value in report.user_properties:
             if name not in PROPERTIES or not isinstance(value, dict):

@@ -6,7 +6,7 @@ setup would spoil the measurement (then every probe of it errors with the fix na
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence, Type
+from typing import Any, List, Optional, Sequence, Type
 
 from .checks import run_checks
 from .clients import ChatClient, Http, detect_server
@@ -96,6 +96,9 @@ def resolve(settings: Settings, redactor: Redactor, kinds: Sequence[Type[ChatCli
                         f"batch requests (with one, requests queue and nothing is batched): the probes' own "
                         f"validity rules still catch a stolen cache state (the cache hit must cover turn 1, "
                         f"else the probe is inconclusive)")
+    few = fewer_slots(cache.info.details.get("total_slots") if cache.kind == "llama.cpp" else None, s.batch)
+    if few:
+        warnings.append(few)
     tolerance = s.hit_tolerance
     block = cache.block_size()
     if block is not None and block - 1 > tolerance:
@@ -109,6 +112,19 @@ def resolve(settings: Settings, redactor: Redactor, kinds: Sequence[Type[ChatCli
         raise ServerSetupError("the server setup would spoil the measurement: " + "; ".join(found))
     return ServerSetup(mode, cache, nocache, tolerance if tolerance != s.hit_tolerance else None,
                        warnings=warnings)
+
+
+def fewer_slots(slots: Any, batch: Optional[int]) -> Optional[str]:
+    """The batch kind's warning when the server computes fewer requests at once than it sends (the background
+    and the measured one): the measured request then waits for a slot and is batched with fewer requests than
+    asked for, or with none (one slot: the negative control). None when the slot count is unknown."""
+    if batch is None or not isinstance(slots, int) or isinstance(slots, bool) or slots > batch:
+        return None
+    with_ = "nothing: it is computed alone (the one-slot negative control)" if slots == 1 else \
+        f"at most {slots - 1} of them"
+    return (f"llama-server runs {slots} slot{'s' if slots != 1 else ''}, so with --cachecheck-batch {batch} the "
+            f"measured request waits for a slot and is batched with {with_}; start it with -np {batch + 1} or more "
+            f"to batch it with all {batch}")
 
 
 def _http(settings: Settings, url: str, redactor: Redactor) -> Http:

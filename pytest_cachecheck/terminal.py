@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
-from . import __version__
+from . import __version__, attribution
 from .kinds import BATCH, EPISODE, LOADED, PROBE, Kind
 from .model import (STILL_SAME, CheckTally, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict,
                     shown)
@@ -226,8 +226,10 @@ def matrix_lines(targets: Sequence[TargetReport]) -> List[str]:
     return out
 
 
-def result_block(t: Tally, setup: Setup, settings: Mapping[str, Any], probe_set: ProbeSet) -> List[str]:
-    """Lines meant for sharing: counts and settings, no URL, no key, no conversation text."""
+def result_block(t: Tally, setup: Setup, settings: Mapping[str, Any], probe_set: ProbeSet,
+                 counts: bool = True) -> List[str]:
+    """Lines meant for sharing: counts and settings, no URL, no key, no conversation text; the probes' counts
+    and rate only with ``counts`` (not when only other kinds ran)."""
     server = setup.server
     tolerance = setup.hit_tolerance if setup.hit_tolerance is not None else settings.get("hit_tolerance")
     lines = [
@@ -236,10 +238,11 @@ def result_block(t: Tally, setup: Setup, settings: Mapping[str, Any], probe_set:
         + f" | model {shown((server.model if server else None) or '?')}",
         f"probe set {probe_set.name} ({probe_set.fingerprint[:19]}) | max_tokens {settings.get('max_tokens')} | "
         f"hit_tolerance {tolerance}" + (" | skip_hit_check" if settings.get("skip_hit_check") else ""),
-        f"probes {t.probes} | valid {t.valid} | same {t.same} | different {t.different} | "
-        f"inconclusive {t.inconclusive} | errors {t.errors}",
-        divergence_line(t),
     ]
+    if not counts:
+        return lines
+    lines += [f"probes {t.probes} | valid {t.valid} | same {t.same} | different {t.different} | "
+              f"inconclusive {t.inconclusive} | errors {t.errors}", divergence_line(t)]
     rate = rate_line(t)
     if rate:
         lines.append(rate)
@@ -400,6 +403,16 @@ def own_lines(report: RunReport) -> List[Out]:
                   for line in check_lines(report.own_check_summary, "measurement")]
 
 
+def _attribution_lines(t: TargetReport, label: str, verbose: bool) -> List[Out]:
+    """The causes this target measured side by side (attribution.py), when it measured more than one."""
+    found = attribution.lines(t, None if verbose else 10)
+    if not found:
+        return []
+    head = "cachecheck attribution: each cause measured apart, on the same probes"
+    return [Sep("-", head + (f", target {t.name}" if t.name is not None else ""))] + [
+        Line(label + line) for line in found]
+
+
 def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], verbose: bool) -> List[Out]:
     """The session summary: counts, rate, causes and warnings, comparisons, the verdict, the result block."""
     out: List[Out] = [Sep("=", "cachecheck summary")]
@@ -419,6 +432,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             out += _episode_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _batch_lines(t, f"{t.name}: ")
             out += _loaded_lines(t, f"{t.name}: ")
+            out += _attribution_lines(t, f"{t.name}: ", verbose)
     else:
         t = report.targets[0]
         tally = t.summary.tally
@@ -434,6 +448,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         out += _episode_lines(t, "", baseline_path, verbose)
         out += _batch_lines(t, "")
         out += _loaded_lines(t, "")
+        out += _attribution_lines(t, "", verbose)
     out += own_lines(report)
     if total or not verdict.ok:  # an interrupted run says so even before its first probe
         word = "PASS" if verdict.ok else "FAIL"
@@ -449,7 +464,8 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             if report.matrix and not t.summary.tally.probes and not (ran_episodes or ran_batches or ran_loaded):
                 out.append(Line(prefix + "no probe ran"))
                 continue
-            for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set):
+            counts = bool(t.summary.tally.probes) or not (ran_episodes or ran_batches or ran_loaded)
+            for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set, counts):
                 out.append(Line(prefix + line))
             out += [Line(prefix + line) for line in check_lines(t.check_tallies()[0], ids=False)]
             if ran_episodes and t.episode_summary is not None and report.episode_set is not None:

@@ -54,6 +54,8 @@ def test_positive_control_a_batch_variant_server_is_caught(emulator):
         assert r.reason.startswith("under load (run 2) the turn-2 answer differed from the answer alone, "
                                    "from character 40 (token 40)\n  alone: ")
         assert f"nats: {d.kind}" in r.reason and NEAR_TIE_NATS > 0
+        # a large gap amid other requests is called what it is: no rounding, a state-mixing bug's signature
+        assert ("is not rounding noise" in r.reason) == (d.kind == "large-gap")
         assert r.line().startswith(f"{r.id} [batch: 2 background requests of 20 words, up to 8 tokens, "
                                    f"seed 7; cache off] different")
     assert summary_line(records, SHAPE) == (
@@ -153,3 +155,17 @@ def test_overlap_rule():
     assert under_load("load run 1", 0, 4) == ("load run 1: none of the 4 background requests was in flight "
                                               "when it was sent (they ended first); give them more tokens to "
                                               "answer")
+
+
+@pytest.mark.parametrize("margins, said", [((0.0, 0.125), False), ((2.0, 0.0), True), ((None, None), False)])
+def test_batch_message_calls_a_large_gap_a_bug_signature(margins, said):
+    """The anatomy names the sides alone/load; only a large gap (one side sure) is called a state bug's
+    signature, never a near-tie or an answer without margins."""
+    from pytest_cachecheck.batch import batch_message
+    from pytest_cachecheck.model import Divergence
+    d = Divergence(char=3, token=1, cache_excerpt="a", recompute_excerpt="b", cache_token="x",
+                   recompute_token="y", cache_margin=margins[0], recompute_margin=margins[1])
+    text = batch_message(d, 2)
+    assert "at token 1: alone 'x' vs load 'y'" in text
+    assert ("not rounding noise" in text and "llama.cpp #27148" in text) == said
+    assert ("nats: large-gap" in text) == said

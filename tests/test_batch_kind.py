@@ -95,6 +95,15 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
         f"cachecheck verdict: FAIL (diverged): 2 valid batch probes answered differently amid other requests "
         f"({SHAPE})"
     ) in out
+    # the attribution: each cause on its own line under its conditions, then each probe that differed with
+    # its outcome under every cause (the cache probes ran quiet and stayed the same)
+    section = out.split("cachecheck attribution: each cause measured apart, on the same probes")[1]
+    assert "\ncache: 0 of 2 valid probes differed, 0.0% (95% interval 0.0% to 65.8%); 0 inconclusive, 0 errors [a " \
+        "quiet server, one request at a time: a cache hit against a recompute]" in section
+    assert f"\nbatch: 2 of 2 valid batch probes answered differently amid other requests, 100.0% (95% interval " \
+        f"34.2% to 100.0%); 0 inconclusive, 0 errors [{SHAPE}]" in section
+    for pid in IDS:
+        assert f"\n{pid}: cache same, batch different" in section
     # the JSON report: the batch records, valid and different, counted as the summary says
     data = _report(pytester.path / "r.json")
     assert [b["id"] for b in data["batches"]] == IDS
@@ -119,6 +128,13 @@ def test_positive_control_fails_the_run_in_every_output(pytester, emulator):
     assert '<h2 id="batches">Batch probes (2)</h2>' in page and f"<b>{SHAPE}</b>" in page
     assert "Answered differently amid other requests (2)" in page
     assert "batch divergence rate <b>100.0%</b> (2 of 2 valid batch probes)" in page
+    # its attribution: both causes in one table, each probe that differed with its outcome under each
+    attributed = page.split('<h2 id="attribution">Attribution</h2>')[1]
+    assert f"<td>{SHAPE}</td>" in attributed and "<td>cache</td>" in attributed
+    assert "Probes that differed under any cause (2)" in attributed
+    for pid in IDS:
+        assert re.search(rf"<td>{pid}</td><td><span class=\"badge b-same\">same</span></td><td><span "
+                         rf"class=\"badge b-different\">different</span></td>", attributed)
     # JUnit: each batch item's failure is its record's message, naming the conditions
     cases = {c.get("name"): c for c in ET.parse(pytester.path / "j.xml").getroot().iter("testcase")}
     for pid in IDS:
@@ -172,6 +188,10 @@ def test_k_batch_selects_only_the_batch_items_and_the_gate_judges(pytester, emul
     assert len([b for b in emu.requests_log if b.get("messages")]) > 0
     data = _report(pytester.path / "r.json")
     assert data["probes"] == [] and len(data["batches"]) == 2
+    # the result block counts what ran: the batch probes, no "probes 0" line for the probes that did not
+    block = result.stdout.str().split("cachecheck result (to share")[1]
+    assert "batch probes 2 | valid 2" in block.replace(" (same 0, different 2)", "")
+    assert not re.search(r"^probes 0 \|", block, re.M) and "no valid probe differed" not in block
 
 
 @pytest.mark.parametrize("max_rate, ok", [("1", True), ("0.4", False)])
@@ -270,6 +290,26 @@ def test_llama_server_slots_are_a_setup_problem_unless_the_batch_kind_is_on():
     assert "kept as a warning because --cachecheck-batch needs several slots" in setup.warnings[0]
     assert "the cache hit must cover turn 1" in setup.warnings[0]
     assert setup.describe().setup_warnings == setup.warnings  # the report's setup warnings
+
+
+@responses.activate
+@pytest.mark.parametrize("slots, batch, said", [
+    (1, 3, "batched with nothing: it is computed alone (the one-slot negative control)"),
+    (3, 3, "batched with at most 2 of them; start it with -np 4 or more to batch it with all 3"),
+    (4, 3, None), (8, 2, None)])
+def test_fewer_slots_than_the_batch_sends_is_a_setup_warning(slots, batch, said):
+    """The measured request and N background ones need N + 1 slots to be computed together: with fewer, the
+    measured request waits for a slot, and the warning says with how many it is batched (none: the negative
+    control). Without --cachecheck-batch the slot count is only the cache probes' setup problem."""
+    _llama_server(slots)
+    setup = resolve_setup(Settings(url=URL, batch=batch), Redactor())
+    few = [w for w in setup.warnings if "waits for a slot" in w]
+    if said is None:
+        assert few == []
+    else:
+        assert len(few) == 1 and said in few[0]
+        assert few[0].startswith(f"llama-server runs {slots} slot{'s' if slots > 1 else ''}, so with "
+                                 f"--cachecheck-batch {batch} the measured request waits for a slot")
 
 
 def test_a_batch_record_outcome_is_judged_as_a_probe():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import fnmatch
 import hashlib
 import json
+import xml.etree.ElementTree as ET
 from typing import Any, Callable, Dict, List, Optional
 
 import pytest
@@ -357,7 +358,7 @@ def test_a_changed_trajectory_fails_and_a_baseline_gates_it(pytester, emulator):
     first = pytester.runpytest_subprocess(f"--cachecheck-url={clean.url}", *common, "--cachecheck-report=before.json")
     first.assert_outcomes(passed=3)
     after = pytester.runpytest_subprocess(f"--cachecheck-url={flips.url}", *common, "--cachecheck-report=after.json",
-                                          "--cachecheck-baseline=before.json")
+                                          "--cachecheck-baseline=before.json", "--junitxml=j.xml")
     after.assert_outcomes(passed=1, failed=2)  # garden-plan and the gate
     assert after.ret == 1
     after.stdout.fnmatch_lines(["*episode[[]garden-plan[]]*", "*parted at step 2 (text)*",
@@ -375,6 +376,10 @@ def test_a_changed_trajectory_fails_and_a_baseline_gates_it(pytester, emulator):
     # same episode set, server and settings: nothing to warn of (the probe set's fingerprint is not the
     # episode set's)
     assert target["episode_baseline"]["env_warnings"] == []
+    # JUnit carries each episode's record as JSON, as it does a probe's (not a Python repr)
+    cases = {c.get("name"): c for c in ET.parse(pytester.path / "j.xml").getroot().iter("testcase")}
+    props = {p.get("name"): p.get("value") for p in cases["episode[garden-plan]"].iter("property")}
+    assert json.loads(props["cachecheck_episode"])["outcome"] == "different"
 
 
 def test_episodes_under_xdist_stay_with_their_server(pytester, emulator):

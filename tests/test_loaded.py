@@ -41,13 +41,13 @@ def measure(emu: Any, n: int = 2, shape: Optional[BatchShape] = SHAPE) -> List[P
 
 
 def test_positive_control_a_fault_only_under_load_is_caught_and_the_quiet_probe_misses_it(emulator):
-    emu = emulator(diverge_on_hit_under_load=True, compute_seconds=0.3)
+    emu = emulator(diverge_on_hit_under_load=True, compute_seconds=0.5)
     loaded = measure(emu)
     assert [r.outcome for r in loaded] == [Outcome.DIFFERENT] * 2, [r.reason for r in loaded]
     for r in loaded:
         assert isinstance(r, LoadedRecord) and r.shape == SHAPE
-        assert [(x.run, x.background, x.in_flight_at_send) for x in r.loads] == [(1, 2, 2), (2, 2, 2), (3, 2, 2),
-                                                                               (4, 2, 2)]
+        assert [(x.run, x.background) for x in r.loads] == [(1, 2), (2, 2), (3, 2), (4, 2)]
+        assert all(x.in_flight_at_send >= 1 for x in r.loads)
         assert r.divergence is not None and r.divergence.char == 40
         assert r.checks is not None and all(h.cached_tokens for h in r.checks.cache_hits)
         assert r.line().startswith(f"{r.id} [cache under load: 2 background requests of 20 words, up to 8 "
@@ -128,8 +128,9 @@ def test_a_failing_background_request_is_an_error(emulator):
 def test_what_is_sent(emulator):
     """Turn 1 alone, every turn-2 request amid the background, which is computed from scratch (its own fresh
     salt), answers max_tokens in full and shares no text with the probe; the cache path keeps its own salt."""
-    emu = emulator(compute_seconds=0.2)
+    emu = emulator(compute_seconds=0.5)
     (record,) = measure(emu, 1)
+    assert record.outcome == Outcome.SAME, record.reason
     log = emu.requests_log[1:]  # after the setup check (the runner's, once)
     background = [b for b in log if b.get("ignore_eos")]
     measured = [b for b in log if not b.get("ignore_eos")]
@@ -140,6 +141,6 @@ def test_what_is_sent(emulator):
     # the order sent: turn 1 (alone), then each turn-2 request after the background of its load run
     kinds = ["bg" if b.get("ignore_eos") else "m" for b in log]
     assert kinds[0] == "m" and kinds.count("m") == 6
-    assert all(record.loads[i].in_flight_at_send == 2 for i in range(4))
+    assert len(record.loads) == 4 and all(x.in_flight_at_send >= 1 for x in record.loads)
     ours = sorted(m[0]["content"] for m in SHAPE.messages())
     assert all(sorted(b["messages"][0]["content"] for b in background[i:i + 2]) == ours for i in (0, 2, 4, 6))

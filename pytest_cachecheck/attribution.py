@@ -1,0 +1,95 @@
+"""The attribution: each cause of a changed greedy answer that the run measured, side by side.
+
+The probes measure the cache on a quiet server; the as-deployed kinds measure what else a deployed server does
+to an answer (the batch, ...), each on the same probes and with its own controls. This module puts what was
+measured next to each other, one row per cause, each under the conditions it ran in, and names the probes
+that differed under any cause with how they fared under each of the others. It reads a target's report and
+adds no figure of its own: every number is its kind's summary. The terminal and the HTML page show it when
+the run measured more than one cause. Knows nothing about pytest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .kinds import BATCH, LOADED, PROBE, Kind
+from .model import Outcome, Tally, TargetReport
+
+
+@dataclass(frozen=True)
+class Cause:
+    """One measured cause: its kind, what it is called here, the conditions it ran in, and its counts."""
+
+    kind: Kind
+    name: str
+    conditions: str
+    tally: Tally
+    outcomes: Dict[str, Outcome]  # probe id -> this cause's outcome for it
+
+
+def _probe(t: TargetReport) -> Optional[Cause]:
+    if not t.probes:
+        return None
+    return Cause(PROBE, "cache", "a quiet server, one request at a time: a cache hit against a recompute",
+                 t.summary.tally, {r.id: r.outcome for r in t.probes})
+
+
+def _batch(t: TargetReport) -> Optional[Cause]:
+    if not t.batches or t.batch_summary is None:
+        return None
+    return Cause(BATCH, "batch", t.batch_summary.conditions.label(), t.batch_summary.tally,
+                 {r.id: r.outcome for r in t.batches})
+
+
+def _loaded(t: TargetReport) -> Optional[Cause]:
+    if not t.loaded or t.loaded_summary is None:
+        return None
+    return Cause(LOADED, "cache under load", t.loaded_summary.conditions.load_label(), t.loaded_summary.tally,
+                 {r.id: r.outcome for r in t.loaded})
+
+
+#: the causes, in the order they are listed: the controlled measurement first
+READERS: Sequence[Callable[[TargetReport], Optional[Cause]]] = (_probe, _batch, _loaded)
+
+
+def causes(t: TargetReport) -> List[Cause]:
+    """The causes this target measured (at least one item ran), in the order of :data:`READERS`."""
+    return [c for c in (read(t) for read in READERS) if c is not None]
+
+
+def told_apart(found: Sequence[Cause]) -> List[Tuple[str, List[Tuple[Cause, Outcome]]]]:
+    """The probes that differed under at least one cause, in the first cause's order, each with its outcome
+    under every cause that measured it."""
+    ids: List[str] = []
+    for c in found:
+        ids += [i for i, o in c.outcomes.items() if o == Outcome.DIFFERENT and i not in ids]
+    return [(i, [(c, c.outcomes[i]) for c in found if i in c.outcomes]) for i in ids]
+
+
+def _rate(t: Tally) -> str:
+    rate = t.rate
+    if rate is None:
+        return "no valid item"
+    lo, hi = rate.ci95
+    return f"{rate.value:.1%} (95% interval {lo:.1%} to {hi:.1%})"
+
+
+def lines(t: TargetReport, limit: Optional[int] = 10) -> List[str]:
+    """The attribution in the terminal: one line per cause (its counts, rate and conditions), then the probes
+    that differed with their outcome under each cause (``limit`` of them; None: all). Nothing when the run
+    measured fewer than two causes."""
+    found = causes(t)
+    if len(found) < 2:
+        return []
+    out = [f"{c.name}: {c.tally.different} of {c.tally.valid} valid {c.kind.plural if c.tally.valid != 1 else c.kind.unit} "
+           f"{c.kind.changed}, {_rate(c.tally)}; {c.tally.inconclusive} inconclusive, {c.tally.errors} errors "
+           f"[{c.conditions}]" for c in found]
+    parted = told_apart(found)
+    if not parted:
+        return out + ["no probe differed under any cause"]
+    shown = parted if limit is None else parted[:limit]
+    out += [f"{i}: " + ", ".join(f"{c.name} {o.value}" for c, o in each) for i, each in shown]
+    if len(shown) < len(parted):
+        out.append(f"... and {len(parted) - len(shown)} more probes that differed (-v shows all)")
+    return out
