@@ -736,21 +736,22 @@ def _loaded_section(t: TargetReport, suffix: str) -> Markup:
     if t.loaded is None or t.loaded_summary is None:
         return Markup()
     s = t.loaded_summary
-    out = [h("h2", {"id": f"loaded{suffix}"}, f"Cache probes under load ({len(t.loaded)})"),
+    out = [h("h2", {"id": f"loaded{suffix}"}, f"Cache under load ({len(t.loaded)})"),
            h("p", {"class": "why"}, "Each probe's cache path and recompute path (twice each), every turn 2 sent "
              "amid background requests in flight: does the cache change the answer when the server has other "
              "work?"),
            h("p", {"id": f"loaded-conditions{suffix}"}, h("b", {}, s.conditions.load_label())),
-           h("p", {}, _figures((("cache probes under load", s.tally.probes), ("valid", s.tally.valid),
+           h("p", {}, _figures((("loaded probes", s.tally.probes), ("valid", s.tally.valid),
                                 ("same", s.tally.same), ("different", s.tally.different),
                                 ("inconclusive", s.tally.inconclusive), ("errors", s.tally.errors)))),
            h("p", {"id": f"loaded-attribution{suffix}"}, s.attribution()),
-           h("p", {}, _rate_html(s.tally.rate, "divergence rate under load", "cache probe under load"))]
+           h("p", {}, _rate_html(s.tally.rate, "divergence rate under load", "loaded probe"))]
     anchors = {x.id: f"loaded-{i}{suffix}" for i, x in enumerate(t.loaded)}
     for outcome, title, why in _LOADED_GROUPS:
         members = [_loaded_article(x, anchors[x.id]) for x in t.loaded if x.outcome.value == outcome]
         if members:
             out.append(_group(title, why, members, outcome == "same"))
+    return join(out)
 
 
 # --------------------------------------------------------------------------- the attribution
@@ -896,7 +897,8 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[Markup]:
         parts.append(_comparison_section(t.baseline, anchors, title="Baseline comparison", ident="baseline"))
     if not only_episodes:
         parts += [h("h2", {"id": "probes"}, f"Probes ({len(probes)})"), _probe_groups(probes, "")]
-    parts += [_episodes_section(t, ""), _batches_section(t, ""), _loaded_section(t, ""), _attribution_section(t, "")]
+    parts += [_episodes_section(t, ""), _batches_section(t, ""), _loaded_section(t, ""),
+              _attribution_section(t, "")]
     server = t.setup.server
     rows: List[Tuple[str, Any]] = [("mode", t.setup.mode or report.settings.get("mode") or "?"),
                                    ("server", _server_text(server))]

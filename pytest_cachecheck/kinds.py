@@ -43,8 +43,8 @@ BATCH = Kind("batch", "batch probes", "answered differently amid other requests"
              "answered differently amid other requests", "batch divergence rate", word="batch probe",
              large_gap=STATE_BUG.format(where="amid other requests"))
 #: the probe protocol (cache path vs recompute path) with every turn-2 request amid the batch kind's background
-LOADED = Kind("loaded", "cache probes under load", "diverged under load", "diverged under load",
-              "divergence rate under load", word="cache probe under load")
+LOADED = Kind("loaded", "loaded probes", "diverged under load", "diverged under load",
+              "divergence rate under load", word="loaded probe")
 KINDS = (PROBE, EPISODE, BATCH, LOADED)
 
 

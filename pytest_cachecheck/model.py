@@ -1022,10 +1022,10 @@ class LoadedSummary(_Rated, _Json):
                    load_alone_same=sum(1 for r in diverged if r.load_alone == "same"))
 
     def attribution(self) -> str:
-        """``2 of 18 valid cache probes under load diverged; the load alone (batch, cache off) changed 1 of
+        """``2 of 18 valid loaded probes diverged under load; the load alone (batch, cache off) changed 1 of
         those 2``."""
         t = self.tally
-        text = f"{t.different} of {t.valid} valid cache probe{'s' * (t.valid != 1)} under load diverged"
+        text = f"{t.different} of {t.valid} valid loaded probe{'s' * (t.valid != 1)} diverged under load"
         if not t.different:
             return text
         measured = self.load_alone_different + self.load_alone_same

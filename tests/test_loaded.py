@@ -71,7 +71,7 @@ def test_the_same_server_without_the_fault_gives_same(emulator):
     assert emu.max_in_flight == 3  # the measured request and both background requests at once
     s = LoadedSummary.of(records, SHAPE)  # type: ignore[arg-type]
     assert (s.tally.valid, s.tally.different) == (2, 0)
-    assert s.attribution() == "0 of 2 valid cache probes under load diverged"
+    assert s.attribution() == "0 of 2 valid loaded probes diverged under load"
 
 
 def test_load_alone_attribution_in_the_summary():
@@ -82,10 +82,10 @@ def test_load_alone_attribution_in_the_summary():
                rec(3, Outcome.DIFFERENT, "not measured"), rec(4, Outcome.SAME, "different")]
     s = LoadedSummary.of(records, SHAPE)
     assert (s.load_alone_different, s.load_alone_same) == (1, 1)
-    assert s.attribution() == ("3 of 4 valid cache probes under load diverged; the load alone (batch, cache off) "
+    assert s.attribution() == ("3 of 4 valid loaded probes diverged under load; the load alone (batch, cache off) "
                                "changed 1 of those 3 (1 not measured by the batch kind)")
     one = LoadedSummary.of(records[:1], SHAPE)
-    assert one.attribution() == ("1 of 1 valid cache probe under load diverged; the load alone (batch, cache off) "
+    assert one.attribution() == ("1 of 1 valid loaded probe diverged under load; the load alone (batch, cache off) "
                                  "changed it too")
     assert LoadedSummary.from_json(s.to_json()) == s
 
