@@ -33,15 +33,18 @@ class BackgroundFailed(RequestError):
 class Background:
     """The background traffic of ``shape`` on ``client``'s server."""
 
-    def __init__(self, client: ChatClient, shape: BatchShape) -> None:
+    def __init__(self, client: ChatClient, shape: BatchShape, beside_cache: bool = False) -> None:
         self.client = client
         self.shape = shape
+        #: the cache under load: keep the background off the cache path's slot (``ChatClient.beside_cache``)
+        self.beside_cache = beside_cache
         self._messages = shape.messages()
 
-    def fields(self) -> Dict[str, Any]:
-        """One background request's cache and slot fields (asked for each: a fresh salt each): from scratch,
-        on any free slot, its whole ``max_tokens``."""
-        return {**(self.client.scratch() or {}), **self.client.unpinned(), **self.client.no_early_stop()}
+    def fields(self, i: int) -> Dict[str, Any]:
+        """Background request ``i``'s cache and slot fields (asked for each: a fresh salt each): from scratch,
+        on any free slot (or one beside the cache path's), its whole ``max_tokens``."""
+        slot = self.client.beside_cache(i) if self.beside_cache else self.client.unpinned()
+        return {**(self.client.scratch() or {}), **slot, **self.client.no_early_stop()}
 
     def around(self, run: int, measured: Callable[[], Tuple[T, Span]]) -> Tuple[T, LoadRun]:
         """Send the background, then ``measured`` (which sends the measured request and returns its result and
@@ -55,7 +58,7 @@ class Background:
             sent = time.monotonic()
             started.release()
             try:
-                self.client.chat(self._messages[i], max_tokens=self.shape.max_tokens, cache=self.fields())
+                self.client.chat(self._messages[i], max_tokens=self.shape.max_tokens, cache=self.fields(i))
             except (CachecheckError, OSError) as exc:  # the HTTP layer raises RequestError; be sure
                 failures[i] = exc
             spans[i] = Span(sent, time.monotonic())

@@ -160,7 +160,7 @@ class Runner:
                 if isinstance(record, LoadedRecord):
                     assert load is not None
                     record.shape = load
-                    self._background = Background(setup.cache, load)
+                    self._background = Background(setup.cache, load, beside_cache=True)
                 self._measure(setup, probe, record, replies)
                 self._judge(setup, record, replies)
         finally:
