@@ -424,9 +424,9 @@ def test_loaded_kind_from_pytest_on_four_slots_and_a_stolen_slot(plugin_run, lla
     background (the cache path pinned to slot 0, the background on slots 1 to 3). Asserted only what must
     hold: every measured request under load was sent with the background in flight, and each loaded probe is
     valid (the hit covered turn 1, the recompute path reused nothing) or inconclusive for those rules' reasons;
-    its load_alone is the batch record's outcome. Then the stolen slot: unpinned background requests (as the
-    batch kind sends them) take slot 0, whose prompt they share most with, and the probe's own hit rule must
-    make the probe inconclusive, never a divergence."""
+    its load_alone is the batch record's outcome. Then the stolen slot: as many unpinned background requests
+    (as the batch kind sends them) as the server has slots, so one of them runs on slot 0, and the probe's own
+    hit rule must make the probe inconclusive, never a divergence."""
     server = llama_servers("f16", "-np", "4")
     run = plugin_run(f"--cachecheck-url={server.url}", "--cachecheck-n=2", "--cachecheck-batch=3",
                      "--cachecheck-batch-prompt-words=30", "--cachecheck-batch-max-tokens=32",
@@ -459,11 +459,12 @@ def test_loaded_kind_from_pytest_on_four_slots_and_a_stolen_slot(plugin_run, lla
     assert (s["probes"], s["valid"], s["different"]) == (t.probes, t.valid, t.different)
     label = "cache under load: 3 background requests of 30 words, up to 32 tokens, seed 0"
     assert f"{label}: loaded probes 2 | valid {t.valid}" in run.out
-    # the stolen slot: the background unpinned (id_slot -1), so llama-server gives one of them slot 0
-    runner = Runner(Settings(url=server.url, max_tokens=32, batch=3))
+    # the stolen slot: 4 background requests unpinned (id_slot -1) on 4 slots, so one of them runs on slot 0
+    runner = Runner(Settings(url=server.url, max_tokens=32, batch=4))
     client = runner.prepare().cache
     client.beside_cache = lambda i: client.unpinned()  # type: ignore[method-assign]
-    stolen = runner.run(builtin_probes()[0], load=BatchShape(concurrent=3, prompt_words=30, max_tokens=32))
-    print(f"MEASURED stolen slot (3 unpinned background requests): {stolen.outcome.value}: {stolen.reason[:300]}")
+    stolen = runner.run(builtin_probes()[0], load=BatchShape(concurrent=4, prompt_words=30, max_tokens=32))
+    print(f"MEASURED stolen slot (4 unpinned background requests on 4 slots): {stolen.outcome.value}: "
+          f"{stolen.reason[:300]}")
     assert stolen.outcome == Outcome.INCONCLUSIVE, stolen.reason
     assert "turn-2 cache hit was" in stolen.reason, stolen.reason
