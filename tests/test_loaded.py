@@ -144,3 +144,21 @@ def test_what_is_sent(emulator):
     assert len(record.loads) == 4 and all(x.in_flight_at_send >= 1 for x in record.loads)
     ours = sorted(m[0]["content"] for m in SHAPE.messages())
     assert all(sorted(b["messages"][0]["content"] for b in background[i:i + 2]) == ours for i in (0, 2, 4, 6))
+
+
+def test_the_background_keeps_off_the_cache_paths_slot_only_under_load_cache():
+    """llama-server: the cache path runs on slot 0 (the body's id_slot); an unpinned request would take the
+    slot it shares most prompt with, slot 0, so the cache under load sends background request i to slot i + 1.
+    The batch kind's background stays unpinned; vLLM and SGLang pin nothing."""
+    from pytest_cachecheck.background import Background
+    from pytest_cachecheck.clients import LlamaCppClient, ServerInfo, VllmClient
+
+    llama = LlamaCppClient(Http("http://127.0.0.1:9"), ServerInfo(kind="llama.cpp"))
+    assert llama.body([], 8)["id_slot"] == 0
+    assert [Background(llama, SHAPE, beside_cache=True).fields(i) for i in (0, 1)] == [
+        {"cache_prompt": False, "id_slot": 1, "ignore_eos": True},
+        {"cache_prompt": False, "id_slot": 2, "ignore_eos": True}]
+    assert Background(llama, SHAPE).fields(1) == {"cache_prompt": False, "id_slot": -1, "ignore_eos": True}
+    vllm = VllmClient(Http("http://127.0.0.1:9"), ServerInfo(kind="vllm"))
+    fields = Background(vllm, SHAPE, beside_cache=True).fields(0)
+    assert set(fields) == set(Background(vllm, SHAPE).fields(0)) and "id_slot" not in fields
