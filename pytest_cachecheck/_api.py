@@ -13,8 +13,8 @@ from . import _collect
 from .episodes import Episode
 from .errors import JudgeError, RequestError
 from .interrupts import Interrupts
-from .kinds import BATCH, EPISODE, ORDER, PROBE, Kind
-from .model import BatchRecord, EpisodeRecord, OrderRecord, Outcome, ProbeRecord, record_key
+from .kinds import BATCH, EPISODE, LOADED, ORDER, PROBE, Kind
+from .model import BatchRecord, EpisodeRecord, LoadedRecord, OrderRecord, Outcome, ProbeRecord, record_key
 from .probes import Probe, parse_probe
 from .redact import display_url
 from .session import CheckSession
@@ -28,10 +28,12 @@ CHECK_RECORD = "cachecheck_check"  # user_properties key of a cachecheck.check()
 EPISODE_RECORD = "cachecheck_episode"  # user_properties key of an episode record
 EPISODE_CHECK_RECORD = "cachecheck_episode_check"  # of a cachecheck.episode() record
 BATCH_RECORD = "cachecheck_batch"  # user_properties key of a batch record
+LOADED_RECORD = "cachecheck_loaded"  # user_properties key of a loaded record (the cache under load)
 ORDER_RECORD = "cachecheck_order"  # user_properties key of an order record
 #: kind name -> (the user_properties key of its items' records, the record class)
 ITEM_RECORDS = {PROBE.name: (RECORD, ProbeRecord), EPISODE.name: (EPISODE_RECORD, EpisodeRecord),
-                BATCH.name: (BATCH_RECORD, BatchRecord), ORDER.name: (ORDER_RECORD, OrderRecord)}
+                BATCH.name: (BATCH_RECORD, BatchRecord), LOADED.name: (LOADED_RECORD, LoadedRecord),
+                ORDER.name: (ORDER_RECORD, OrderRecord)}
 #: every user_properties key of a record -> (its kind name, whether it is a test's own measurement, the class)
 PROPERTIES: Dict[str, Tuple[str, bool, Any]] = {
     **{key: (name, False, cls) for name, (key, cls) in ITEM_RECORDS.items()},
@@ -94,6 +96,9 @@ def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Pro
                 record = _batch(runner, case, state)
             elif kind == ORDER:
                 record = _order(runner, case, target, state)
+            elif kind == LOADED:
+                assert isinstance(case, Probe) and state.session.batch_shape is not None
+                record = runner.run(case, load=state.session.batch_shape)
             elif isinstance(case, Probe):
                 record = runner.run(case)
             else:
@@ -105,11 +110,13 @@ def measure(config: pytest.Config, state: State, runner: Runner, case: Union[Pro
                          reason=(
                 f"the measurement failed on an unexpected {type(exc).__name__}: {str(exc)[:500]} (the server's "
                 f"answer was not what the plugin can read; please report it)"))
-    if kind == BATCH and state.session.batch_shape is not None:
+    if kind in (BATCH, LOADED) and state.session.batch_shape is not None:
         record.shape = state.session.batch_shape  # an error record made here names the conditions too
     if kind == ORDER and state.session.order_conditions is not None:
         record.conditions = state.session.order_conditions
-    if case.expect is not None and kind not in (BATCH, ORDER):  # a batch or order probe's answers: not judged
+    if kind == LOADED:
+        record.load_alone = _load_alone(state, record_key(case.id, target))
+    if case.expect is not None and kind not in (BATCH, LOADED, ORDER):  # their answers are not judged
         record.check_results = case.expect.judge(record)  # on the answers as given, before any scrubbing
     record.target = target
     record.server_url = display_url(runner.settings.url)
@@ -158,6 +165,14 @@ def _order(runner: Runner, probe: Probe, target: Optional[str], state: State) ->
             done.setdefault(p.id, OrderRecord(id=p.id, source=p.source, fingerprint=p.fingerprint,
                                               reason=failed.reason, outcome=Outcome.ERROR, conditions=conditions))
     return done[probe.id]
+def _load_alone(state: State, key: str) -> str:
+    """What the batch kind said of this probe in this process (it runs first, on the same server and worker):
+    its answer amid the same load with the cache off was ``same`` or ``different``; ``not measured`` when it
+    did not run here or was not valid."""
+    batch = state.measured.get((BATCH.name, key))
+    if batch is None or batch.outcome not in (Outcome.SAME, Outcome.DIFFERENT):
+        return "not measured"
+    return batch.outcome.value
 
 
 def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], target: Optional[str],
@@ -184,7 +199,7 @@ def measure_item(request: pytest.FixtureRequest, case: Union[Probe, Episode], ta
     if getattr(record, "check_results", None) is not None and record.flip:
         request.node.user_properties.append((FLIP, f"{record.flip}: {record.check_results.flip_text()}"))
     if record.outcome == Outcome.ERROR:
-        why = record.message() if kind in (BATCH, ORDER) else record.reason  # those name their conditions
+        why = record.message() if kind in (BATCH, LOADED, ORDER) else record.reason  # those name their conditions
         pytest.fail(f"cachecheck: {why}", pytrace=False)
     return record
 

@@ -38,12 +38,12 @@ if TYPE_CHECKING:
 
 MODULE = "cachecheck"  # the node id of the synthetic module of probe items
 #: the kinds of item, named as their test functions in _items
-PROBE, EPISODE, BATCH, ORDER = (k.name for k in KINDS)
+PROBE, EPISODE, BATCH, LOADED, ORDER = (k.name for k in KINDS)
 GATE_NODEID = f"{MODULE}::{_items.GATE}"
 ITEM_PREFIXES = tuple(f"{MODULE}::{k.name}[" for k in KINDS)
-#: kind -> the parameter its item's case comes in (a batch item's case is a probe too)
+#: kind -> the parameter its item's case comes in (a batch, loaded or order item's case is a probe too)
 PARAMS = {PROBE: "cachecheck_probe", EPISODE: "cachecheck_episode", BATCH: "cachecheck_batch",
-          ORDER: "cachecheck_order"}
+          LOADED: "cachecheck_loaded", ORDER: "cachecheck_order"}
 FIXTURE = "cachecheck"
 #: --dist modes the plugin's scheduler stands in for; ``each`` runs every test on every worker
 DIST_MODES = ("load", "loadscope", "loadfile", "loadgroup", "worksteal")
@@ -60,9 +60,9 @@ def nodeid(kind: str, key: str) -> str:
 
 
 def item_key(item: pytest.Item) -> Optional[Tuple[str, str]]:
-    """(kind, record key) of a probe, episode or batch item; None for any other item."""
+    """(kind, record key) of a probe, episode, batch or loaded item; None for any other item."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    for kind, cls in ((PROBE, Probe), (EPISODE, Episode), (BATCH, Probe), (ORDER, Probe)):
+    for kind, cls in ((PROBE, Probe), (EPISODE, Episode), (BATCH, Probe), (LOADED, Probe), (ORDER, Probe)):
         case = params.get(PARAMS[kind])
         if isinstance(case, cls):
             return kind, record_key(case.id, params.get("cachecheck_target"))
@@ -75,6 +75,7 @@ def nodeids(session: CheckSession) -> Dict[str, Tuple[str, str]]:
     return {**{nodeid(PROBE, k): (PROBE, k) for k in session.keys()},
             **{nodeid(EPISODE, k): (EPISODE, k) for k in session.episode_keys()},
             **{nodeid(BATCH, k): (BATCH, k) for k in session.batch_keys()},
+            **{nodeid(LOADED, k): (LOADED, k) for k in session.loaded_keys()},
             **{nodeid(ORDER, k): (ORDER, k) for k in session.order_keys()}}
 
 
@@ -92,12 +93,12 @@ class ProbeModule(pytest.Module):
 
 
 def collect_probe_items(session: pytest.Session, episodes: bool = False,
-                        batch: bool = False, order: bool = False) -> List[pytest.Item]:
+                        batch: bool = False, loaded: bool = False, order: bool = False) -> List[pytest.Item]:
     """The probe (episode, batch) items, collected from the synthetic module and reported as its
     collection."""
     module = ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid=MODULE, name=MODULE)
     module.functions = ((PROBE,) + ((EPISODE,) if episodes else ()) + ((BATCH,) if batch else ())
-                        + ((ORDER,) if order else ()))
+                        + ((LOADED,) if loaded else ()) + ((ORDER,) if order else ()))
     items: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
     session.config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None,
                                                                         list(items)))

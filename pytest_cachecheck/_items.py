@@ -14,7 +14,7 @@ import pytest
 from .model import Outcome
 
 if TYPE_CHECKING:
-    from .model import BatchRecord, EpisodeRecord, OrderRecord, ProbeRecord, Verdict
+    from .model import BatchRecord, EpisodeRecord, LoadedRecord, OrderRecord, ProbeRecord, Verdict
 
 GATE = "gate"  # the gate item's name: node id ``cachecheck::gate``
 
@@ -44,6 +44,12 @@ def episode(cachecheck_episode: object, cachecheck_episode_result: EpisodeRecord
 @pytest.mark.cachecheck
 def batch(cachecheck_batch: object, cachecheck_batch_result: BatchRecord) -> None:
     _verdict(cachecheck_batch_result, cachecheck_batch_result.message())  # each message names the conditions
+
+
+@pytest.mark.cachecheck
+def loaded(cachecheck_loaded: object, cachecheck_loaded_result: LoadedRecord) -> None:
+    # after ``batch`` (the items run in this order): its record says what the load alone did
+    _verdict(cachecheck_loaded_result, cachecheck_loaded_result.message())
 
 
 @pytest.mark.cachecheck

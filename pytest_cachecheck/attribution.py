@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from .kinds import BATCH, ORDER, PROBE, Kind
+from .kinds import BATCH, LOADED, ORDER, PROBE, Kind
 from .model import Outcome, Tally, TargetReport
 
 
@@ -42,6 +42,13 @@ def _batch(t: TargetReport) -> Optional[Cause]:
                  {r.id: r.outcome for r in t.batches})
 
 
+def _loaded(t: TargetReport) -> Optional[Cause]:
+    if not t.loaded or t.loaded_summary is None:
+        return None
+    return Cause(LOADED, "cache under load", t.loaded_summary.conditions.load_label(), t.loaded_summary.tally,
+                 {r.id: r.outcome for r in t.loaded})
+
+
 def _order(t: TargetReport) -> Optional[Cause]:
     if not t.orders or t.order_summary is None:
         return None
@@ -50,7 +57,7 @@ def _order(t: TargetReport) -> Optional[Cause]:
 
 
 #: the causes, in the order they are listed: the controlled measurement first
-READERS: Sequence[Callable[[TargetReport], Optional[Cause]]] = (_probe, _batch, _order)
+READERS: Sequence[Callable[[TargetReport], Optional[Cause]]] = (_probe, _batch, _loaded, _order)
 
 
 def causes(t: TargetReport) -> List[Cause]:

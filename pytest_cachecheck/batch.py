@@ -28,12 +28,11 @@ A failed request, background ones included, is an ``error``. Knows nothing about
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from .background import Background
 from .clients import ChatClient, Reply
-from .errors import CachecheckError
 from .kinds import BATCH
 from .model import BatchRecord, BatchShape, Divergence, LoadRun, Outcome, Tally
 from .probes import Probe
@@ -45,7 +44,6 @@ from .validity import (
     Span,
     differs,
     inconclusive,
-    overlap,
     settled,
     under_load,
     untrusted,
@@ -75,10 +73,6 @@ def batch_message(d: Divergence, run: int) -> str:
     return text + (f"\n  at {anatomy}" if anatomy else "")
 
 
-class _Failed(Exception):
-    """A background request failed: the probe is an error, named by the request."""
-
-
 class BatchRunner:
     """Measures probes' batch effect on one server (``client``), with answers of up to ``max_tokens``."""
 
@@ -90,7 +84,7 @@ class BatchRunner:
         self.logprobs = logprobs
         self.skip_hit_check = skip_hit_check
         self.redactor = redactor or Redactor()
-        self._background = shape.messages()
+        self._background = Background(client, shape)
 
     def fields(self) -> Dict[str, Any]:
         """Every request's cache and slot fields: computed from scratch, on any free slot."""
@@ -102,7 +96,7 @@ class BatchRunner:
         record = BatchRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint,
                              outcome=Outcome.ERROR, shape=self.shape)
         replies: Dict[str, Reply] = {}
-        with settled(record, self.redactor.scrub, also=(_Failed,)):
+        with settled(record, self.redactor.scrub):
             self._measure(probe, record, replies)
             self._judge(record, replies)
         record.duration_s = time.monotonic() - start
@@ -131,45 +125,10 @@ class BatchRunner:
 
     def _under_load(self, record: BatchRecord, replies: Dict[str, Reply], run: int,
                     turn2: List[Dict[str, Any]], logprobs: bool) -> LoadRun:
-        """The measured request, sent ``lead_s`` after every background request was on its way, while they are
-        in flight."""
-        n = len(self._background)
-        spans: List[Optional[Span]] = [None] * n
-        failures: List[Optional[Exception]] = [None] * n
-        started = threading.Semaphore(0)
-
-        def send(i: int) -> None:
-            sent = time.monotonic()
-            started.release()
-            try:
-                self.client.chat(self._background[i], max_tokens=self.shape.max_tokens,
-                                 cache={**self.fields(), **self.client.no_early_stop()})
-            except (CachecheckError, OSError) as exc:  # the HTTP layer raises RequestError; be sure
-                failures[i] = exc
-            spans[i] = Span(sent, time.monotonic())
-
-        threads = [threading.Thread(target=send, args=(i,), name=f"cachecheck-batch-{i}", daemon=True)
-                   for i in range(n)]
-        first = time.monotonic()
-        for t in threads:
-            t.start()
-        try:
-            # every background request on its way first (a busy machine may start threads late), then the lead
-            for _ in threads:
-                started.acquire(timeout=60)
-            time.sleep(self.shape.lead_s)
-            _, measured = self._ask(record, replies, f"load-{run}/turn-2", turn2, logprobs)
-        finally:
-            for t in threads:  # the next request is sent alone: every background request has ended
-                t.join()
-        for i, failure in enumerate(failures):
-            if failure is not None:
-                raise _Failed(f"load run {run}: background request {i + 1} of {n} failed: {failure}")
-        done = [s for s in spans if s is not None]
-        at_send, at_answer = overlap(measured, done)
-        return LoadRun(run=run, background=n, in_flight_at_send=at_send, in_flight_at_answer=at_answer,
-                       measured_s=measured.answered - measured.sent,
-                       background_s=max(s.answered for s in done) - first)
+        """The measured request amid the background (background.py: one rule for every kind under load)."""
+        _, load = self._background.around(
+            run, lambda: self._ask(record, replies, f"load-{run}/turn-2", turn2, logprobs))
+        return load
 
     def _judge(self, record: BatchRecord, replies: Dict[str, Reply]) -> None:
         bad = untrusted(list(replies.items()))

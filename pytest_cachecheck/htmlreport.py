@@ -40,7 +40,7 @@ from .files import write_text
 from .model import (CACHE_FAILS, CACHE_PASSES, CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE,
                     NEWLY_DIVERGED, NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE,
                     STILL_SAME, BatchRecord, CheckResult, CheckResults, CheckTally, Comparison, EpisodeRecord,
-                    EpisodeStep, OrderRecord, Outcome,
+                    EpisodeStep, LOADED_STEPS, LoadedRecord, OrderRecord, Outcome,
                     ProbeRecord, Rate, RunReport, ServerDescription, Status, Summary, TargetReport)
 from .probes import read_resource
 from .protocol import first_difference
@@ -698,6 +698,62 @@ def _batches_section(t: TargetReport, suffix: str) -> Markup:
     return join(out)
 
 
+# --------------------------------------------------------------------------- the cache under load
+
+_LOADED_GROUPS = (("different", "Diverged under load", "the cache path and the recompute path gave different "
+                   "turn-2 answers, every turn 2 amid other requests"),
+                  ("inconclusive", "Inconclusive", "not valid: see the reason"),
+                  ("error", "Errors", "a request or server error, background requests included"),
+                  ("same", "Same answer", "both paths gave the same turn-2 answer under load"))
+
+
+def _loaded_article(x: LoadedRecord, anchor: str) -> Markup:
+    out = [h("div", {"class": "probe-head"}, h("h4", {}, x.key), _badge(x.outcome.value),
+             h("span", {"class": "why"}, x.source), h("span", {"class": "why"}, f"{x.duration_s:.2f} s")),
+           h("p", {"class": "why"}, x.shape.load_label())]
+    if x.reason:
+        out.append(h("pre", {"class": "reason"}, x.reason))
+    if x.outcome.value == "different":
+        out.append(h("p", {"class": "why"}, f"the load alone (batch kind, cache off): {x.load_alone}"))
+    cache, recompute = x.content("cache-2/turn-2"), x.content("recompute-2/turn-2")
+    if cache is not None or recompute is not None:
+        at = x.divergence.char if x.divergence is not None else None
+        out.append(h("table", {"class": "grid"},
+                     h("tr", {}, h("th", {}, "cache path under load (run 2)"),
+                       h("th", {}, "recompute path under load (run 2)")),
+                     h("tr", {}, h("td", {}, _answer_html(cache, at)), h("td", {}, _answer_html(recompute, at)))))
+    if x.loads:
+        out.append(h("p", {"class": "why"}, "; ".join(
+            f"{step}: {r.in_flight_at_send} of {r.background} background requests in flight when sent, "
+            f"{r.in_flight_at_answer} when answered ({r.measured_s:.2f} s)"
+            for step, r in zip(LOADED_STEPS, x.loads))))
+    return h("article", {"class": f"probe o-{x.outcome.value}", "id": anchor}, out)
+
+
+def _loaded_section(t: TargetReport, suffix: str) -> Markup:
+    """A target's cache probes under load, under their conditions: counts, how many the load alone explains,
+    the rate, and each probe's cache and recompute answers under load side by side."""
+    if t.loaded is None or t.loaded_summary is None:
+        return Markup()
+    s = t.loaded_summary
+    out = [h("h2", {"id": f"loaded{suffix}"}, f"Cache under load ({len(t.loaded)})"),
+           h("p", {"class": "why"}, "Each probe's cache path and recompute path (twice each), every turn 2 sent "
+             "amid background requests in flight: does the cache change the answer when the server has other "
+             "work?"),
+           h("p", {"id": f"loaded-conditions{suffix}"}, h("b", {}, s.conditions.load_label())),
+           h("p", {}, _figures((("loaded probes", s.tally.probes), ("valid", s.tally.valid),
+                                ("same", s.tally.same), ("different", s.tally.different),
+                                ("inconclusive", s.tally.inconclusive), ("errors", s.tally.errors)))),
+           h("p", {"id": f"loaded-attribution{suffix}"}, s.attribution()),
+           h("p", {}, _rate_html(s.tally.rate, "divergence rate under load", "loaded probe"))]
+    anchors = {x.id: f"loaded-{i}{suffix}" for i, x in enumerate(t.loaded)}
+    for outcome, title, why in _LOADED_GROUPS:
+        members = [_loaded_article(x, anchors[x.id]) for x in t.loaded if x.outcome.value == outcome]
+        if members:
+            out.append(_group(title, why, members, outcome == "same"))
+    return join(out)
+
+
 # --------------------------------------------------------------------------- order probes
 
 _ORDER_GROUPS = (("different", "Answered differently in another order and state", "pass B (reversed, other "
@@ -885,7 +941,7 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[Markup]:
     anchors: Dict[str, str] = {}
     for p in probes:
         anchors.setdefault(p.record.id, p.anchor)
-    only_episodes = not probes and bool(t.episodes or t.batches or t.orders)
+    only_episodes = not probes and bool(t.episodes or t.batches or t.loaded or t.orders)
     parts = [_verdict_box(report, {None: probes})]
     if not only_episodes:
         parts += [h("h2", {}, "Summary"), _counts(s, True), h("p", {"id": "rate"}, _rate_html(s.rate)),
@@ -895,7 +951,7 @@ def _render_single(report: RunReport, probes: List[_Probe]) -> List[Markup]:
         parts.append(_comparison_section(t.baseline, anchors, title="Baseline comparison", ident="baseline"))
     if not only_episodes:
         parts += [h("h2", {"id": "probes"}, f"Probes ({len(probes)})"), _probe_groups(probes, "")]
-    parts += [_episodes_section(t, ""), _batches_section(t, ""), _orders_section(t, ""),
+    parts += [_episodes_section(t, ""), _batches_section(t, ""), _loaded_section(t, ""), _orders_section(t, ""),
               _attribution_section(t, "")]
     server = t.setup.server
     rows: List[Tuple[str, Any]] = [("mode", t.setup.mode or report.settings.get("mode") or "?"),
@@ -997,7 +1053,7 @@ def _target_section(report: RunReport, i: int, by_target: Dict[Optional[str], Li
                   f"differed only on {ref.name}.")))
     out += [h("h3", {"id": f"probes-{i}"}, f"Probes on {t.name} ({len(probes)})"),
             _probe_groups(probes, f"-{i}"), _episodes_section(t, f"-{i}"), _batches_section(t, f"-{i}"),
-            _orders_section(t, f"-{i}"),
+            _loaded_section(t, f"-{i}"), _orders_section(t, f"-{i}"),
             _attribution_section(t, f"-{i}"),
             h("details", {}, h("summary", {}, f"setup of {t.name}"), _kv_table(_setup_rows(t), f"setup-{i}"))]
     return h("section", {"class": "target", "id": f"target-{i}"}, out)

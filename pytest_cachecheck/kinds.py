@@ -42,12 +42,16 @@ EPISODE = Kind("episode", "episodes", "changed trajectory", "changed trajectory"
 BATCH = Kind("batch", "batch probes", "answered differently amid other requests",
              "answered differently amid other requests", "batch divergence rate", word="batch probe",
              large_gap=STATE_BUG.format(where="amid other requests"))
+#: the probe protocol (cache path vs recompute path) with every turn-2 request amid the batch kind's background
+LOADED = Kind("loaded", "loaded probes", "diverged under load", "diverged under load",
+              "divergence rate under load", word="loaded probe",
+              large_gap=STATE_BUG.format(where="under load"))
 #: the probe set sent as an application would, twice, in another order and with other conversations between
 #: (order.py)
 ORDER = Kind("order", "order probes", "answered differently in another order and state",
              "answered differently in another order and state", "order divergence rate", word="order probe",
              large_gap=STATE_BUG.format(where="between the two passes"))
-KINDS = (PROBE, EPISODE, BATCH, ORDER)
+KINDS = (PROBE, EPISODE, BATCH, LOADED, ORDER)
 
 
 def listed(words: Sequence[str], conjunction: str) -> str:

@@ -650,11 +650,20 @@ class BatchShape(_Json):
         return cls(concurrent=settings.batch, prompt_words=settings.batch_prompt_words,
                    max_tokens=settings.batch_max_tokens, seed=settings.batch_seed, lead_s=settings.batch_lead)
 
+    def traffic(self) -> str:
+        """``3 background requests of 200 words, up to 256 tokens, seed 0``."""
+        return (f"{self.concurrent} background request{'s' * (self.concurrent != 1)} of "
+                f"{self.prompt_words} words, up to {self.max_tokens} tokens, seed {self.seed}"
+                + (f", sent {self.lead_s:g} s ahead" if self.lead_s != BatchShape.lead_s else ""))
+
     def label(self) -> str:
         """The conditions, as every line about a batch measurement names them."""
-        return (f"batch: {self.concurrent} background request{'s' * (self.concurrent != 1)} of "
-                f"{self.prompt_words} words, up to {self.max_tokens} tokens, seed {self.seed}"
-                + (f", sent {self.lead_s:g} s ahead" if self.lead_s != BatchShape.lead_s else "") + "; cache off")
+        return f"batch: {self.traffic()}; cache off"
+
+    def load_label(self) -> str:
+        """The conditions, as every line about the cache under load names them (the cache path's own
+        cache fields, the background's off)."""
+        return f"cache under load: {self.traffic()}"
 
     def messages(self) -> List[List[Dict[str, str]]]:
         """The background requests' chat messages, the same for every probe and run of one shape."""
@@ -801,6 +810,48 @@ class OrderRecord(_Measured):
     def message(self) -> str:
         """The reason, naming the conditions: what a user sees for this outcome."""
         return f"[{self.conditions.label()}] {self.reason}" if self.reason else ""
+
+
+#: what the batch kind said of the same probe (``LoadedRecord.load_alone``): its answer amid the same load,
+#: the cache off, was the same as alone, different, or it was not measured in this process (off, deselected,
+#: not yet run, or not valid)
+LOAD_ALONE = ("same", "different", "not measured")
+
+
+@dataclass
+class LoadedRecord(ProbeRecord):
+    """One probe's cache measurement under load (the loaded kind): the probe protocol's record with every
+    turn-2 request sent amid the background (``shape``), its load runs in the order sent (cache run 1,
+    recompute run 1, cache run 2, recompute run 2: ``LOADED_STEPS``), and what the batch kind said of the same
+    probe (``load_alone``: whether the load alone, the cache off, changed its answer)."""
+
+    shape: BatchShape = _j(key="conditions", default_factory=BatchShape)
+    loads: List[LoadRun] = field(default_factory=list)
+    load_alone: str = "not measured"
+
+    def __repr__(self) -> str:
+        return f"LoadedRecord(id={self.id!r}, outcome={self.outcome.value!r}, reason={self.reason[:200]!r})"
+
+    @property
+    @_derived(after="id")
+    def kind(self) -> str:
+        return "loaded"
+
+    def line(self) -> str:
+        """``<id> [cache under load: ...] <outcome>``: one line naming the conditions it ran under."""
+        return f"{self.id} [{self.shape.load_label()}] {self.outcome.value}"
+
+    def message(self) -> str:
+        """The reason, naming the conditions, and for a divergence what the load alone did."""
+        if not self.reason:
+            return ""
+        alone = (f"\n  the load alone (batch kind, cache off): {self.load_alone}"
+                 if self.outcome == Outcome.DIFFERENT else "")
+        return f"[{self.shape.load_label()}] {self.reason}{alone}"
+
+
+#: the turn-2 requests a loaded record sends under load, in order (one LoadRun each)
+LOADED_STEPS = ("cache-1/turn-2", "recompute-1/turn-2", "cache-2/turn-2", "recompute-2/turn-2")
 
 
 # -- counts, rates and verdicts ---------------------------------------------------------------------------
@@ -1018,6 +1069,10 @@ class BatchSummary(_Rated, _Json):
     def rate(self) -> Optional[Rate]:
         return self.tally.rate
 
+    def label(self) -> str:
+        """The conditions, as every line about this kind names them."""
+        return self.conditions.label()
+
     @classmethod
     def of(cls, records: Sequence["BatchRecord"], shape: BatchShape, not_run: Sequence[str] = ()
            ) -> "BatchSummary":
@@ -1036,11 +1091,62 @@ class OrderSummary(_Rated, _Json):
     def rate(self) -> Optional[Rate]:
         return self.tally.rate
 
+    def label(self) -> str:
+        """The conditions, as every line about this kind names them."""
+        return self.conditions.label()
+
     @classmethod
     def of(cls, records: Sequence["OrderRecord"], conditions: OrderConditions, not_run: Sequence[str] = ()
            ) -> "OrderSummary":
         tally = Tally.of(records)  # type: ignore[arg-type]
         return cls(tally=tally, conditions=conditions, not_run=list(not_run))
+
+
+@dataclass
+class LoadedSummary(_Rated, _Json):
+    """The cache probes under load: counts, the divergence rate under load, the conditions, and of the valid
+    ones that diverged, how many the load alone (the batch kind on the same probe, cache off) changed too
+    (``load_alone_different``) and how many it left the same (``load_alone_same``; the rest were not
+    measured by the batch kind)."""
+
+    tally: Tally = _j(flat={})
+    conditions: BatchShape = _j(default_factory=BatchShape)
+    load_alone_different: int = 0
+    load_alone_same: int = 0
+    not_run: List[str] = field(default_factory=list)
+
+    @property  # type: ignore[override]
+    def rate(self) -> Optional[Rate]:
+        return self.tally.rate
+
+    def label(self) -> str:
+        """The conditions, as every line about this kind names them."""
+        return self.conditions.load_label()
+
+    @classmethod
+    def of(cls, records: Sequence["LoadedRecord"], shape: BatchShape, not_run: Sequence[str] = ()
+           ) -> "LoadedSummary":
+        diverged = [r for r in records if r.outcome == Outcome.DIFFERENT]
+        return cls(tally=Tally.of(records), conditions=shape, not_run=list(not_run),
+                   load_alone_different=sum(1 for r in diverged if r.load_alone == "different"),
+                   load_alone_same=sum(1 for r in diverged if r.load_alone == "same"))
+
+    def attribution(self) -> str:
+        """``2 of 18 valid loaded probes diverged under load; the load alone (batch, cache off) changed 1 of
+        those 2``."""
+        t = self.tally
+        text = f"{t.different} of {t.valid} valid loaded probe{'s' * (t.valid != 1)} diverged under load"
+        if not t.different:
+            return text
+        measured = self.load_alone_different + self.load_alone_same
+        if t.different == 1:
+            did = ("changed it too" if self.load_alone_different else "left it the same" if measured
+                   else "was not measured (batch kind)")
+            return f"{text}; the load alone (batch, cache off) {did}"
+        text += f"; the load alone (batch, cache off) changed {self.load_alone_different} of those {t.different}"
+        if measured < t.different:
+            text += f" ({t.different - measured} not measured by the batch kind)"
+        return text
 
 
 # -- comparisons (with a baseline, or of a matrix target with the first) ----------------------------------
@@ -1145,6 +1251,9 @@ class TargetReport(_Json):
     #: the batch probes (None when the batch kind was off) and their summary
     batches: Optional[List[BatchRecord]] = _j(default=None, write=False, read=False)
     batch_summary: Optional[BatchSummary] = _j(default=None, omit=True)
+    #: the cache probes under load (None when the loaded kind was off) and their summary
+    loaded: Optional[List[LoadedRecord]] = _j(default=None, write=False, read=False)
+    loaded_summary: Optional[LoadedSummary] = _j(default=None, omit=True)
     #: the order probes (None when the order kind was off) and their summary
     orders: Optional[List[OrderRecord]] = _j(default=None, write=False, read=False)
     order_summary: Optional[OrderSummary] = _j(default=None, omit=True)
@@ -1212,6 +1321,14 @@ class RunReport(_Json):
         return [b for t in self.targets for b in t.batches or []]
 
     @property
+    @_derived(after="targets", key="loaded", omit=True)
+    def loaded_records(self) -> Optional[List[LoadedRecord]]:
+        """Every target's cache probes under load; None when the loaded kind was off."""
+        if all(t.loaded is None for t in self.targets):
+            return None
+        return [x for t in self.targets for x in t.loaded or []]
+
+    @property
     @_derived(after="targets", key="orders", omit=True)
     def order_records(self) -> Optional[List[OrderRecord]]:
         """Every target's order probes; None when the order kind was off."""
@@ -1269,10 +1386,11 @@ class RunReport(_Json):
         probes = _typed(List[ProbeRecord], f["probes"])
         episodes = _typed(List[EpisodeRecord], f["episodes"]) if f["episodes"].value is not None else []
         batches = _typed(List[BatchRecord], f["batches"]) if f["batches"].value is not None else None
+        loaded = _typed(List[LoadedRecord], f["loaded"]) if f["loaded"].value is not None else None
         orders = _typed(List[OrderRecord], f["orders"]) if f["orders"].value is not None else None
         names = {t.name for t in report.targets}
         for kind, records in (("probes", probes), ("episodes", episodes), ("batches", batches or []),
-                              ("orders", orders or [])):
+                              ("loaded", loaded or []), ("orders", orders or [])):
             for i, r in enumerate(records):
                 if r.target not in names:
                     raise ReportError(f"field '{kind}[{i}].target': {str(r.target)[:60]!r} names none of "
@@ -1282,6 +1400,7 @@ class RunReport(_Json):
             t.episodes = [e for e in episodes if e.target == t.name] if report.episode_set is not None else None
             t.batches = [b for b in batches if b.target == t.name] if batches is not None else None
             t.orders = [o for o in orders if o.target == t.name] if orders is not None else None
+            t.loaded = [x for x in loaded if x.target == t.name] if loaded is not None else None
             t.summary = t.summary or Summary(tally=Tally.of(t.probes), status=Status.PASSED, why="")
         report.summary = report.summary or report.targets[0].summary
         report.probe_set = report.probe_set or ProbeSet(name="?", count=len(probes), fingerprint="")

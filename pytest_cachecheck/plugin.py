@@ -22,8 +22,8 @@ from ._api import ITEM_RECORDS, STATE, CacheCheck, State, measure_item
 from ._collect import Role
 from .episodes import Episode
 from .errors import ConfigError
-from .kinds import BATCH, ORDER
-from .model import BatchRecord, EpisodeRecord, OrderRecord, ProbeRecord, record_key
+from .kinds import BATCH, LOADED, ORDER
+from .model import BatchRecord, EpisodeRecord, LoadedRecord, OrderRecord, ProbeRecord, record_key
 from .probes import Probe
 from .reporter import Reporter
 from .session import CheckSession, Host, open_session
@@ -245,6 +245,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         return
     items.extend(_collect.collect_probe_items(session, episodes=bool(state.session.episodes),
                                               batch=state.session.settings.batch is not None,
+                                              loaded=state.session.settings.load_cache,
                                               order=state.session.settings.order))
     worker = _collect.worker_id(config)
     if worker is not None and state.placement is not None:
@@ -258,6 +259,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         argname = "cachecheck_episode"
     elif metafunc.function is _items.batch:
         argname = "cachecheck_batch"  # a batch item's case is a probe
+    elif metafunc.function is _items.loaded:
+        argname = "cachecheck_loaded"  # so is a loaded item's
     elif metafunc.function is _items.order:
         argname = "cachecheck_order"  # so is an order item's
     else:
@@ -312,6 +315,14 @@ def cachecheck_order_result(request: pytest.FixtureRequest, cachecheck_order: Pr
 
 
 @pytest.fixture
+def cachecheck_loaded_result(request: pytest.FixtureRequest, cachecheck_loaded: Probe,
+                             cachecheck_target: Optional[str]) -> LoadedRecord:
+    """Measure the item's probe on both paths with every turn-2 request amid background requests (six measured
+    requests, four load runs); a failed request errors the item here, in setup."""
+    return measure_item(request, cachecheck_loaded, cachecheck_target, LOADED)
+
+
+@pytest.fixture
 def cachecheck(request: pytest.FixtureRequest) -> CacheCheck:
     """Run your own prompt-cache checks: ``cachecheck.check(turn1=..., turn2=...)``."""
     state = request.config.stash.get(STATE, None)
@@ -324,7 +335,7 @@ def cachecheck(request: pytest.FixtureRequest) -> CacheCheck:
 @pytest.hookimpl(optionalhook=True)
 def pytest_json_runtest_metadata(item: pytest.Item, call: pytest.CallInfo) -> Optional[Dict[str, Any]]:
     """The item's record (as in the plugin's JSON report, scrubbed where it was made) as ``metadata.cachecheck``
-    of pytest-json-report's test entry, with ``kind``: ``probe``, ``episode``, ``batch`` or ``order``."""
+    of pytest-json-report's test entry, with ``kind``: ``probe``, ``episode``, ``batch``, ``loaded`` or ``order``."""
     if call.when != "call" and call.when != "setup":
         return None
     kinds = {key: name for name, (key, _) in ITEM_RECORDS.items()}

@@ -27,12 +27,14 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 from .clients import ChatClient, Reply, plugin_kinds
 from .clients.base import TokenLogprob
 from .errors import RequestError, ServerSetupError
-from .model import Checks, Divergence, HitCheck, Outcome, ProbeRecord
+from .background import Background
+from .model import (LOADED_STEPS, BatchShape, Checks, Divergence, HitCheck, LoadedRecord, Outcome,
+                    ProbeRecord)
 from .probes import Probe
 from .redact import Redactor
 from .servers import ServerSetup, resolve
 from .settings import Settings
-from .validity import MissingCounter, Rules, differs, inconclusive, settled, untrusted
+from .validity import MissingCounter, Rules, Span, differs, inconclusive, settled, under_load, untrusted
 
 EXCERPT_BEFORE, EXCERPT_AFTER = 40, 40
 
@@ -116,6 +118,7 @@ class Runner:
         for url in (settings.url, settings.nocache_url, *settings.replicas):
             self.redactor.add_url(url)
         self.setup: Optional[ServerSetup] = None
+        self._background: Optional[Background] = None  # while a probe is measured under load
         self._setup_error: Optional[Exception] = None
 
     # -- set-up -----------------------------------------------------------------------------------
@@ -141,22 +144,42 @@ class Runner:
         return self.setup
 
     # -- one probe --------------------------------------------------------------------------------
-    def run(self, probe: Probe) -> ProbeRecord:
-        """Measure one probe. Request failures give outcome 'error', never a divergence."""
+    def run(self, probe: Probe, load: Optional[BatchShape] = None) -> ProbeRecord:
+        """Measure one probe. Request failures give outcome 'error', never a divergence.
+
+        ``load``: the cache under load (the loaded kind): every turn-2 request is sent amid this background
+        (background.py), turn 1 alone; the record is a :class:`LoadedRecord` with its load runs, and the load
+        rule (:func:`~pytest_cachecheck.validity.under_load`) is one more validity rule."""
         start = time.monotonic()
-        record = ProbeRecord(id=probe.id, source=probe.source, fingerprint=probe.fingerprint,
-                             outcome=Outcome.ERROR)
+        record = (ProbeRecord if load is None else LoadedRecord)(
+            id=probe.id, source=probe.source, fingerprint=probe.fingerprint, outcome=Outcome.ERROR)
         replies: Dict[str, Reply] = {}
-        with settled(record, self.redactor.scrub):
-            setup = self.prepare()
-            self._measure(setup, probe, record, replies)
-            self._judge(setup, record, replies)
+        try:
+            with settled(record, self.redactor.scrub):
+                setup = self.prepare()
+                if isinstance(record, LoadedRecord):
+                    assert load is not None
+                    record.shape = load
+                    self._background = Background(setup.cache, load, beside_cache=True)
+                self._measure(setup, probe, record, replies)
+                self._judge(setup, record, replies)
+        finally:
+            self._background = None  # the next probe is measured quietly
         record.duration_s = time.monotonic() - start
         return record
 
     def _ask(self, record: ProbeRecord, replies: Dict[str, Reply], name: str, server: str, client: ChatClient,
              messages: List[Dict[str, Any]], fields: Dict[str, Any], logprobs: bool = False) -> Reply:
-        reply = client.chat(messages, max_tokens=self.settings.max_tokens, cache=fields, logprobs=logprobs)
+        def send() -> Tuple[Reply, Span]:
+            sent = time.monotonic()
+            return (client.chat(messages, max_tokens=self.settings.max_tokens, cache=fields, logprobs=logprobs),
+                    Span(sent, time.monotonic()))
+
+        if isinstance(record, LoadedRecord) and self._background is not None and name in LOADED_STEPS:
+            reply, load = self._background.around(len(record.loads) + 1, send)
+            record.loads.append(load)
+        else:
+            reply, _ = send()
         replies[name] = reply
         record.requests.append(reply.request(name, server))
         MissingCounter.check(reply, name, client, self.settings.skip_hit_check)
@@ -219,6 +242,9 @@ class Runner:
         reuse = [p for run in (1, 2) for p in [rules.no_reuse(f"recompute run {run}",
                                                               replies[f"recompute-{run}/turn-2"].cached_tokens)] if p]
         problems += reuse
+        if isinstance(record, LoadedRecord):  # the load rule, for each request measured under load
+            problems += [p for step, x in zip(LOADED_STEPS, record.loads)
+                         for p in [under_load(step, x.in_flight_at_send, x.background)] if p]
         record.checks = Checks(hit_tolerance=rules.tolerance, skip_hit_check=s.skip_hit_check, cache_hits=hits,
                                recompute_reused=bool(reuse))
         if problems:

@@ -18,8 +18,8 @@ import pytest
 from . import _collect, _items, terminal
 from ._api import PROPERTIES, State
 from .files import write_report
-from .kinds import BATCH, EPISODE, KINDS, ORDER, PROBE
-from .model import BatchRecord, EpisodeRecord, OrderRecord, ProbeRecord, RunReport, Status, Verdict
+from .kinds import BATCH, EPISODE, KINDS, LOADED, ORDER, PROBE
+from .model import BatchRecord, EpisodeRecord, LoadedRecord, OrderRecord, ProbeRecord, RunReport, Status, Verdict
 from .run import KindInput, RunResult, summarise
 from .session import CheckSession
 from .text import printable
@@ -35,7 +35,7 @@ class JsonRecord(Dict[str, Any]):
         return json.dumps(self)
 
 
-Record = Union[ProbeRecord, EpisodeRecord, BatchRecord, OrderRecord]
+Record = Union[ProbeRecord, EpisodeRecord, BatchRecord, LoadedRecord, OrderRecord]
 
 
 @dataclass
@@ -76,6 +76,8 @@ class Reporter:
         batch = s.settings.batch is not None  # the batch kind measures the probes again, amid other requests
         kinds = ((PROBE, s.probe_set, s.probes), (EPISODE, s.episode_set, s.episodes),
                  (BATCH, s.probe_set if batch else None, s.probes if batch else []),
+                 # the cache under load: the probes again, turn 2 amid the batch background
+                 (LOADED, s.probe_set if s.settings.load_cache else None, s.probes if s.settings.load_cache else []),
                  (ORDER, s.probe_set if s.settings.order else None, s.probes if s.settings.order else []))
         inputs = [KindInput(kind, item_set, [i.id for i in items or ()], got.records, got.checks, got.selected)
                   for kind, item_set, items in kinds for got in [self.kinds[kind.name]]]

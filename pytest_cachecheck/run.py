@@ -13,16 +13,17 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .baseline import Baseline, compare, env_of, should_fail
 from .identity import server_groups
-from .kinds import BATCH, EPISODE, ORDER, PROBE, Kind, all_of, any_of
+from .kinds import BATCH, EPISODE, LOADED, ORDER, PROBE, Kind, all_of, any_of
 from .model import (BatchRecord, BatchShape, BatchSummary, CheckTally, Comparison, EpisodeRecord,
-                    EpisodeSummary, OrderConditions, OrderRecord, OrderSummary, Outcome, ProbeRecord,
-                    ProbeSet, RunReport, Setup, Status, Summary, Tally, TargetReport, Verdict, record_key)
+                    EpisodeSummary, LoadedRecord, LoadedSummary, OrderConditions, OrderRecord, OrderSummary,
+                    Outcome, ProbeRecord, ProbeSet, RunReport, Setup, Status, Summary, Tally, TargetReport, Verdict,
+                    record_key)
 from .redact import display_url
 from .settings import Settings
 from .text import counted
 
 Gate = Tuple[bool, str]  # (fails?, why)
-Record = Union[ProbeRecord, EpisodeRecord, BatchRecord, OrderRecord]
+Record = Union[ProbeRecord, EpisodeRecord, BatchRecord, LoadedRecord, OrderRecord]
 
 
 def now() -> str:
@@ -306,6 +307,10 @@ class TargetResult:
         return self.kinds.get(BATCH.name)
 
     @property
+    def loaded(self) -> Optional[KindResult]:
+        return self.kinds.get(LOADED.name)
+
+    @property
     def orders(self) -> Optional[KindResult]:
         return self.kinds.get(ORDER.name)
 
@@ -326,6 +331,10 @@ class TargetResult:
         if b is not None:
             out.batches = list(b.records)  # type: ignore[arg-type]
             out.batch_summary = BatchSummary.of(out.batches, shape or BatchShape(), b.not_run)
+        x = self.loaded
+        if x is not None:
+            out.loaded = list(x.records)  # type: ignore[arg-type]
+            out.loaded_summary = LoadedSummary.of(out.loaded, shape or BatchShape(), x.not_run)
         o = self.orders
         if o is not None:
             out.orders = list(o.records)  # type: ignore[arg-type]
@@ -414,6 +423,17 @@ def _baseline_of(baseline: Optional[Baseline], kind: Kind) -> Optional[Baseline]
     return None
 
 
+def _conditions(kind: Kind, settings: Settings) -> str:
+    """What a kind measured under, as its verdict names it: the batch kind's and the cache under load's
+    background, the order kind's passes; nothing for the others."""
+    shape, order = BatchShape.of(settings), OrderConditions.of(settings)
+    if kind == ORDER:
+        return order.label() if order is not None else ""
+    if shape is None:
+        return ""
+    return shape.label() if kind == BATCH else shape.load_label() if kind == LOADED else ""
+
+
 def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence[TargetInput],
               baselines: Mapping[Optional[str], Baseline], interrupted: Union[bool, str]) -> RunResult:
     """The verdict of every target and of the session, from what each kind measured (``inputs``, the
@@ -463,12 +483,9 @@ def summarise(settings: Settings, inputs: Sequence[KindInput], targets: Sequence
                 gates.append(flips_gate(checked, sum(kr.tally.different for kr in results_of)))
         if settings.record:
             gates.append(record_gate([(kr.kind, kr.tally) for kr in results_of]))
-        shape, order = BatchShape.of(settings), OrderConditions.of(settings)
-        conditions = {BATCH.name: shape.label() if shape is not None else "",
-                      ORDER.name: order.label() if order is not None else ""}
         counts = [Count(kind=kr.kind, tally=kr.tally, unexpected=sum(1 for r in kr.records if _unexpected(r)),
                         flipped=sum(1 for r in kr.records if _unexpected(r) and r.flip),
-                        conditions=conditions.get(kr.kind.name, ""))
+                        conditions=_conditions(kr.kind, settings))
                   for kr in results_of]
         verdict = judge(counts, settings.min_valid, interrupted, gates or None, placement_problem(every, target.name),
                         not_measured, sum(1 for c in checks if c.target == target.name and c.outcome == Outcome.ERROR))

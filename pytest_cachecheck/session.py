@@ -77,6 +77,10 @@ class CheckSession:
         """Every batch item's record key (one per probe and target); none when the batch kind is off."""
         return self.keys() if self.settings.batch is not None else []
 
+    def loaded_keys(self) -> List[str]:
+        """Every loaded item's record key (one per probe and target); none when the loaded kind is off."""
+        return self.keys() if self.settings.load_cache else []
+
     def order_keys(self) -> List[str]:
         """Every order item's record key (one per probe and target); none when the order kind is off."""
         return self.keys() if self.settings.order else []
@@ -106,11 +110,11 @@ class CheckSession:
 
     def expectation(self, record: Any) -> Optional[str]:
         """Why this record's divergence does not fail the run by itself, or None (``run.expectation``)."""
-        from .model import BatchRecord, EpisodeRecord, OrderRecord
+        from .model import BatchRecord, EpisodeRecord, LoadedRecord, OrderRecord
         from .run import expectation
 
-        # a baseline's known divergences are probes' and episodes'; a batch or order probe has none
-        known = ({} if isinstance(record, (BatchRecord, OrderRecord))
+        # a baseline's known divergences are probes' and episodes'; a batch, loaded or order probe has none
+        known = ({} if isinstance(record, (BatchRecord, LoadedRecord, OrderRecord))
                  else self.baseline_different(record.target, episodes=isinstance(record, EpisodeRecord)))
         return expectation(record, self.settings, known)
 

@@ -79,6 +79,7 @@ class Settings:
     order: bool = False  # --cachecheck-order: the order kind (order.py)
     order_between: int = 1  # other conversations sent before each probe of the order kind's pass B
     serve_cache_ram: int = 0  # --cache-ram (MiB) of the llama-server --cachecheck-serve starts
+    load_cache: bool = False  # the loaded kind: the probe protocol with turn 2 amid the batch kind's background
     hit_tolerance_given: bool = False  # False: the default, which a server's larger block size raises
     notes: Tuple[str, ...] = ()  # what the plugin made of the values given, for the header
 
@@ -126,6 +127,7 @@ class Settings:
                if self.batch is not None else {}),
             **({"order": True, "order_between": self.order_between} if self.order else {}),
             **({"serve_cache_ram": self.serve_cache_ram} if self.serve_cache_ram else {}),
+            **({"load_cache": True} if self.load_cache else {}),
         }
 
 
@@ -496,6 +498,11 @@ OPTIONS: Tuple[OptionSpec, ...] = (
     OptionSpec("order_between", "--cachecheck-order-between",
                "the other conversations sent before each probe of the reversed pass (with "
                "--cachecheck-order; default 1)", _number(0, 64, whole=True), metavar="N", reproduced=True),
+    OptionSpec("load_cache", "--cachecheck-load-cache",
+               "also measure the cache under load: each probe's cache and recompute paths with every turn-2 "
+               "request amid the --cachecheck-batch background (the loaded kind, items cachecheck::loaded[...]); "
+               "needs --cachecheck-batch N. Default: off",
+               lambda n, v, b: _bool(n, v or False, b), kind="bool", reproduced=True),
     OptionSpec("api_key", "--cachecheck-api-key", "sent as a bearer token to every server (at least 8 "
                "printable ASCII characters)", _api_key, env="CACHECHECK_API_KEY", metavar="KEY",
                shown=lambda v: "***"),
@@ -579,6 +586,9 @@ RULES: Tuple[Rule, ...] = (
     (lambda s, raw: s.serve_cache_ram and not s.order,
      ("--cachecheck-serve-cache-ram turns on a cache that restores another conversation's state, which "
       "spoils the cache probes' clean start; it goes with --cachecheck-order, which measures what it does")),
+    (lambda s, raw: s.load_cache and s.batch is None,
+     ("--cachecheck-load-cache measures the cache amid the batch kind's background; it goes with "
+      "--cachecheck-batch N (and its shape options)")),
     (lambda s, raw: s.max_flip_rate is not None and s.gate_on != "flips",
      "--cachecheck-max-flip-rate gates the run on flips; it conflicts with --cachecheck-gate-on divergence"),
 )

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
 
 from . import __version__, attribution
-from .kinds import BATCH, EPISODE, ORDER, PROBE, Kind
+from .kinds import BATCH, EPISODE, LOADED, ORDER, PROBE, Kind
 from .model import (STILL_SAME, CheckTally, Comparison, ProbeSet, RunReport, Setup, Tally, TargetReport, Verdict,
                     shown)
 from .redact import display_url
@@ -122,6 +122,10 @@ def header(session: CheckSession, setup_errors: Mapping[Optional[str], Optional[
     if shape is not None:
         lines.insert(-1, f"cachecheck: {shape.label()}: each probe is measured again, its turn 2 alone and "
                          f"amid those requests in flight (items cachecheck::batch[...])")
+        if s.load_cache:
+            lines.insert(-1, f"cachecheck: {shape.load_label()}: each probe's cache and recompute paths are "
+                             f"measured again, every turn 2 amid those requests in flight (items "
+                             f"cachecheck::loaded[...])")
     conditions = session.order_conditions
     if conditions is not None:
         lines.insert(-1, f"cachecheck: {conditions.label()}: the probe set is sent twice as an application "
@@ -311,14 +315,14 @@ def kind_count_line(s: Optional[Any], kind: Kind) -> Optional[str]:
     if s is None or not s.tally.probes:
         return None
     b = s.tally
-    return (f"{s.conditions.label()}: {kind.plural} {b.probes} | valid {b.valid} (same {b.same}, different "
+    return (f"{s.label()}: {kind.plural} {b.probes} | valid {b.valid} (same {b.same}, different "
             f"{b.different}) | inconclusive {b.inconclusive} | errors {b.errors}")
 
 
 def kind_rate_line(s: Optional[Any], kind: Kind) -> Optional[str]:
     """The rate of a conditioned kind's items that differed, with its 95% Wilson interval, the conditions."""
     line = rate_line(s.tally, kind) if s is not None else None
-    return f"{s.conditions.label()}: {line}" if s is not None and line else None
+    return f"{s.label()}: {line}" if s is not None and line else None
 
 
 def batch_count_line(t: TargetReport) -> Optional[str]:
@@ -341,21 +345,23 @@ def order_rate_line(t: TargetReport) -> Optional[str]:
 
 #: a conditioned kind -> what its items compare, said when none was valid
 _COMPARED = {BATCH.name: "no answer alone and amid other requests could be compared",
+             LOADED.name: "no cache path and recompute path under load could be compared",
              ORDER.name: "no answer of the two passes could be compared"}
 
 
 def _conditioned_lines(s: Optional[Any], records: Optional[Sequence[Any]], kind: Kind, label: str
                        ) -> List[Out]:
-    """The items of a kind measured under conditions (batch, order) of one target, each line naming the
+    """The items of a kind measured under conditions (batch, loaded, order) of one target, each line naming the
     conditions: counts, how many differed, the rate with its interval, the first error."""
     counts = kind_count_line(s, kind)
     if s is None or counts is None:
         return []
-    b, shape = s.tally, s.conditions.label()
+    b, shape = s.tally, s.label()
     out: List[Out] = [Line(label + counts)]
     if b.valid:
-        out.append(Line(f"{label}{shape}: {b.different} of {counted(b.valid, 'valid ' + kind.unit)} "
-                        f"{kind.differed}.", {"bold": True, "red": bool(b.different)}))
+        said = (s.attribution() if kind == LOADED  # how many of its divergences the load alone explains
+                else f"{b.different} of {counted(b.valid, 'valid ' + kind.unit)} {kind.differed}")
+        out.append(Line(f"{label}{shape}: {said}.", {"bold": True, "red": bool(b.different)}))
     else:
         out.append(Line(f"{label}{shape}: no valid {kind.unit}: {_COMPARED[kind.name]}."))
     rate = kind_rate_line(s, kind)
@@ -370,6 +376,18 @@ def _conditioned_lines(s: Optional[Any], records: Optional[Sequence[Any]], kind:
 
 def _batch_lines(t: TargetReport, label: str) -> List[Out]:
     return _conditioned_lines(t.batch_summary, t.batches, BATCH, label)
+
+
+def loaded_count_line(t: TargetReport) -> Optional[str]:
+    return kind_count_line(t.loaded_summary, LOADED)
+
+
+def loaded_rate_line(t: TargetReport) -> Optional[str]:
+    return kind_rate_line(t.loaded_summary, LOADED)
+
+
+def _loaded_lines(t: TargetReport, label: str) -> List[Out]:
+    return _conditioned_lines(t.loaded_summary, t.loaded, LOADED, label)
 
 
 def _order_lines(t: TargetReport, label: str) -> List[Out]:
@@ -407,6 +425,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
     episodes = sum(t.episode_summary.tally.probes for t in report.targets if t.episode_summary is not None)
     batches = sum(t.batch_summary.tally.probes for t in report.targets if t.batch_summary is not None)
     batches += sum(t.order_summary.tally.probes for t in report.targets if t.order_summary is not None)
+    batches += sum(t.loaded_summary.tally.probes for t in report.targets if t.loaded_summary is not None)
     total = probes + episodes + batches
     if total == 0:
         out.append(Line("cachecheck: no probe ran"))
@@ -418,12 +437,13 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             out += _target_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _episode_lines(t, f"{t.name}: ", baseline_path, verbose)
             out += _batch_lines(t, f"{t.name}: ")
+            out += _loaded_lines(t, f"{t.name}: ")
             out += _order_lines(t, f"{t.name}: ")
             out += _attribution_lines(t, f"{t.name}: ", verbose)
     else:
         t = report.targets[0]
         tally = t.summary.tally
-        if tally.probes or not (episodes or batches):
+        if tally.probes or not (episodes or batches or loaded):
             out.append(Line(f"probes: {tally.probes} | valid: {tally.valid} (same {tally.same}, different "
                             f"{tally.different}) | inconclusive: {tally.inconclusive} | errors: {tally.errors}"))
             out.append(Line(divergence_line(tally), {"bold": True, "red": bool(tally.different)}))
@@ -434,6 +454,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         out += _target_lines(t, "", baseline_path, verbose)
         out += _episode_lines(t, "", baseline_path, verbose)
         out += _batch_lines(t, "")
+        out += _loaded_lines(t, "")
         out += _order_lines(t, "")
         out += _attribution_lines(t, "", verbose)
     out += own_lines(report)
@@ -446,12 +467,12 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
         for t in report.targets:
             prefix = f"[{t.name}] " if report.matrix else ""
             ran_episodes = t.episode_summary is not None and t.episode_summary.tally.probes > 0
-            conditioned = (t.batch_summary, t.order_summary)
+            conditioned = (t.batch_summary, t.loaded_summary, t.order_summary)
             ran_batches = any(s is not None and s.tally.probes > 0 for s in conditioned)
             if report.matrix and not t.summary.tally.probes and not ran_episodes and not ran_batches:
                 out.append(Line(prefix + "no probe ran"))
                 continue
-            counts = bool(t.summary.tally.probes) or not (ran_episodes or ran_batches)
+            counts = bool(t.summary.tally.probes) or not (ran_episodes or ran_batches or ran_loaded)
             for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set, counts):
                 out.append(Line(prefix + line))
             out += [Line(prefix + line) for line in check_lines(t.check_tallies()[0], ids=False)]
@@ -465,6 +486,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
                     out.append(Line(prefix + rate))
                 out += [Line(prefix + line) for line in check_lines(t.check_tallies()[1], "episode", ids=False)]
             out += [Line(prefix + line) for line in (batch_count_line(t), batch_rate_line(t),
+                                                     loaded_count_line(t), loaded_rate_line(t),
                                                      order_count_line(t), order_rate_line(t)) if line]
     if any((t.served or {}).get("demo") for t in report.targets):
         out.append(Line("cachecheck: that was the demo (random weights: its divergences say nothing "

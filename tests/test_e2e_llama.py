@@ -461,3 +461,55 @@ def test_order_measurement_both_caches_off_and_the_host_cache_on(llama_servers):
             assert t.different == 0
         else:
             assert any(cached(r, "B/turn-1") > cached(r, "A/turn-1") for r in records), reuse
+
+
+def test_loaded_kind_from_pytest_on_four_slots_and_a_stolen_slot(plugin_run, llama_servers):
+    """The cache under load (--cachecheck-load-cache) on a real llama-server with 4 slots, tiny F16 model, 2
+    built-in probes, 3 background requests: each loaded probe is the probe protocol with every turn 2 amid the
+    background (the cache path pinned to slot 0, the background on slots 1 to 3). Asserted only what must
+    hold: every measured request under load was sent with the background in flight, and each loaded probe is
+    valid (the hit covered turn 1, the recompute path reused nothing) or inconclusive for those rules' reasons;
+    its load_alone is the batch record's outcome. Then the stolen slot: as many unpinned background requests
+    (as the batch kind sends them) as the server has slots, so one of them runs on slot 0, and the probe's own
+    hit rule must make the probe inconclusive, never a divergence."""
+    server = llama_servers("f16", "-np", "4")
+    run = plugin_run(f"--cachecheck-url={server.url}", "--cachecheck-n=2", "--cachecheck-batch=3",
+                     "--cachecheck-batch-prompt-words=30", "--cachecheck-batch-max-tokens=32",
+                     "--cachecheck-max-tokens=32", "--cachecheck-load-cache", "-p", "no:randomly")
+    from pytest_cachecheck.model import LOADED_STEPS, BatchShape, LoadedRecord, Outcome, Tally
+    from pytest_cachecheck.probes import builtin_probes
+    from pytest_cachecheck.protocol import Runner
+    from pytest_cachecheck.settings import Settings
+
+    s = run.target["loaded_summary"]
+    records = [LoadedRecord.from_json(x) for x in run.data["loaded"]]
+    print(f"\nMEASURED cache under load, 4 slots, 3 background requests: {s['different']} of {s['valid']} valid "
+          f"loaded probes diverged under load ({s['inconclusive']} inconclusive, {s['errors']} errors; the load "
+          f"alone changed {s['load_alone_different']} of those); loads in flight at send "
+          f"{[[x.in_flight_at_send for x in r.loads] for r in records]}, at answer "
+          f"{[[x.in_flight_at_answer for x in r.loads] for r in records]}; batch "
+          f"{[b['outcome'] for b in run.data['batches']]}; quiet probes {run.counts()}; {run.seconds:.0f} s")
+    assert [r.id for r in records] == [p["id"] for p in run.data["probes"]] and len(records) == 2
+    batch = {b["id"]: b["outcome"] for b in run.data["batches"]}
+    for r in records:
+        assert r.outcome != Outcome.ERROR, r.reason
+        assert len(r.loads) == 4 and all(x.background == 3 and x.in_flight_at_send >= 1 for x in r.loads), r.id
+        if r.outcome == Outcome.INCONCLUSIVE:
+            assert "cache hit was" in r.reason or "reused" in r.reason, r.reason
+        else:
+            assert r.checks is not None and all(h.cached_tokens == h.full_reuse for h in r.checks.cache_hits)
+        assert r.load_alone == (batch[r.id] if batch[r.id] in ("same", "different") else "not measured")
+        assert [q.step for q in r.requests if q.step in LOADED_STEPS] == list(LOADED_STEPS)
+    t = Tally.of(records)  # type: ignore[arg-type]
+    assert (s["probes"], s["valid"], s["different"]) == (t.probes, t.valid, t.different)
+    label = "cache under load: 3 background requests of 30 words, up to 32 tokens, seed 0"
+    assert f"{label}: loaded probes 2 | valid {t.valid}" in run.out
+    # the stolen slot: 4 background requests unpinned (id_slot -1) on 4 slots, so one of them runs on slot 0
+    runner = Runner(Settings(url=server.url, max_tokens=32, batch=4))
+    client = runner.prepare().cache
+    client.beside_cache = lambda i: client.unpinned()  # type: ignore[method-assign]
+    stolen = runner.run(builtin_probes()[0], load=BatchShape(concurrent=4, prompt_words=30, max_tokens=32))
+    print(f"MEASURED stolen slot (4 unpinned background requests on 4 slots): {stolen.outcome.value}: "
+          f"{stolen.reason[:300]}")
+    assert stolen.outcome == Outcome.INCONCLUSIVE, stolen.reason
+    assert "turn-2 cache hit was" in stolen.reason, stolen.reason

@@ -12,8 +12,9 @@ import pytest
 
 from pytest_cachecheck import model
 from pytest_cachecheck.model import (BatchRecord, BatchShape, BatchSummary, CheckResult, CheckResults,
-                                     Divergence, EpisodeRecord, EpisodeStep, EpisodeSummary, LoadRun, Outcome,
-                                     OrderConditions, OrderRecord, OrderSummary, Parting, Path,
+                                     Divergence, EpisodeRecord, EpisodeStep, EpisodeSummary, LoadedRecord,
+                                     LoadedSummary, LoadRun, OrderConditions, OrderRecord, OrderSummary, Outcome,
+                                     Parting, Path,
                                      ProbeSet, ReportError, Request, RunReport,
                                      ServerDescription, Setup, Status, Summary, Tally, TargetReport,
                                      ToolCall)
@@ -75,6 +76,17 @@ def _order(target: str = "") -> OrderRecord:
         expected="diverged; the rate gate decides (--cachecheck-max-rate)")
 
 
+def _loaded(target: str = "") -> LoadedRecord:
+    return LoadedRecord(
+        id="a", source="builtin:1", fingerprint="sha256:a", outcome=Outcome.DIFFERENT, reason="differed",
+        divergence=Divergence(char=40, token=40, cache_excerpt="a", recompute_excerpt="b"),
+        shape=BatchShape(concurrent=2, prompt_words=20, max_tokens=8, seed=7, lead_s=0.1),
+        loads=[LoadRun(run=i, background=2, in_flight_at_send=2, in_flight_at_answer=1, measured_s=0.5,
+                       background_s=0.75) for i in (1, 2, 3, 4)],
+        load_alone="different", duration_s=2.0, target=target or None, server_url="http://127.0.0.1:8000",
+        worker="gw0", run=f.setup())
+
+
 def _report() -> RunReport:
     """A report with a baseline comparison, episodes and their summary, checks and a flip."""
     base = f.baseline([f.record("a", "same"), f.record("b", "same")])
@@ -88,6 +100,8 @@ def _report() -> RunReport:
     rep.episode_set = ProbeSet(name="builtin", count=2, fingerprint="sha256:e")
     t.batches = [_batch()]
     t.batch_summary = BatchSummary.of(t.batches, t.batches[0].shape, not_run=["b"])
+    t.loaded = [_loaded()]
+    t.loaded_summary = LoadedSummary.of(t.loaded, t.loaded[0].shape, not_run=["b"])
     t.orders = [_order()]
     t.order_summary = OrderSummary.of(t.orders, t.orders[0].conditions, not_run=["b"])
     return rep
@@ -107,7 +121,7 @@ def _records_of(rep: RunReport) -> Dict[type, Any]:
              probe.checks.cache_hits[0], episode, episode.paths[0], episode.paths[0].steps[0],
              episode.paths[0].steps[0].tool_calls[0], episode.parting, episode.check_results,
              episode.check_results.recompute, t.episode_summary, batch, batch.shape, batch.loads[0],
-             t.batch_summary, order, order.conditions, t.order_summary]
+             t.batch_summary, (t.loaded or [])[0], t.loaded_summary, order, order.conditions, t.order_summary]
     return {type(x): x for x in found}
 
 
@@ -129,7 +143,7 @@ def test_every_record_class_round_trips() -> None:
     assert not missing, f"add an instance of {missing} to _records_of"
     for cls, obj in found.items():
         if cls is TargetReport:  # a target's records are the report's, written once at the top
-            obj = dataclasses.replace(obj, probes=[], episodes=None, batches=None, orders=None)
+            obj = dataclasses.replace(obj, probes=[], episodes=None, batches=None, loaded=None, orders=None)
         data = _through_json(obj.to_json())
         back = RunReport.from_json(data) if cls is RunReport else cls.from_json(data)
         assert back == obj, cls.__name__

@@ -98,6 +98,7 @@ RULE_CASES: List[Dict[str, Any]] = [
     {"url": [URL], "nocache_url": "http://nc:9000", "order": True},
     {"url": [URL], "order": True, "serve_cache_ram": "8"},
     {"serve": "demo", "serve_cache_ram": "8"},
+    {"url": [URL], "load_cache": True},
     {"url": [URL], "max_flip_rate": "0.1", "gate_on": "divergence"},
 ]
 

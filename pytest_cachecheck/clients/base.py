@@ -144,6 +144,12 @@ class ChatClient:
         server's own defaults decide, and no pinned slot."""
         return self.unpinned()
 
+    def beside_cache(self, i: int) -> Dict[str, Any]:
+        """The fields that run background request ``i`` (0-based) beside others in flight without taking the
+        cache path's state (the cache under load); the unpinned fields where the kind keeps no state per
+        slot."""
+        return self.unpinned()
+
     def no_early_stop(self) -> Dict[str, Any]:
         """The fields that make a request answer its whole ``max_tokens`` (the batch measurement's background,
         whose length is its shape's); {} where the kind has none it is known to honour."""

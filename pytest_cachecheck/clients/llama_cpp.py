@@ -121,6 +121,11 @@ class LlamaCppClient(ChatClient):
     def unpinned(self) -> Dict[str, Any]:
         return {"id_slot": -1}  # the body pins slot 0, where concurrent requests would queue
 
+    def beside_cache(self, i: int) -> Dict[str, Any]:
+        # slot 0 holds the cache path's state: an unpinned request picks the slot whose prompt it shares most
+        # with (the chat template's opening, on a real llama-server), so it would take slot 0; slots 1..N
+        return {"id_slot": i + 1}
+
     def no_early_stop(self) -> Dict[str, Any]:
         return {"ignore_eos": True}
 

@@ -99,6 +99,10 @@ class EmulatorConfig:
     compute_seconds: float = 0.0
     slots: int = 0
     batch_variant: bool = False
+    # The cache under load: a generation that reused cached tokens while another one overlapped it answers
+    # differently (from character 40; after ``batch_variant``'s change when both apply), as a server whose
+    # cache reuse goes wrong only amid other requests would. A quiet server answers as it should.
+    diverge_on_hit_under_load: bool = False
 
     def __post_init__(self) -> None:
         if self.flavor not in _DEFAULT_VERSIONS:

@@ -294,6 +294,9 @@ class _Generation:
             elif flip or (batched and cfg.batch_variant):
                 answer = diverged_answer(prompt_text, answer)
                 diverged = True
+            if cfg.diverge_on_hit_under_load and cached > 0 and batched and not tools:
+                answer = diverged_answer("under load\x00" + prompt_text, answer)
+                diverged = True
             full = thinking_output(generate_reasoning(prompt_text), answer) if cfg.reasoning else answer
             if max_tokens is not None and max_tokens <= len(full):
                 text = full[:max_tokens]
