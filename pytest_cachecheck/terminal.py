@@ -443,7 +443,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
     else:
         t = report.targets[0]
         tally = t.summary.tally
-        if tally.probes or not (episodes or batches or loaded):
+        if tally.probes or not (episodes or batches):
             out.append(Line(f"probes: {tally.probes} | valid: {tally.valid} (same {tally.same}, different "
                             f"{tally.different}) | inconclusive: {tally.inconclusive} | errors: {tally.errors}"))
             out.append(Line(divergence_line(tally), {"bold": True, "red": bool(tally.different)}))
@@ -472,7 +472,7 @@ def summary(report: RunReport, verdict: Verdict, baseline_path: Optional[str], v
             if report.matrix and not t.summary.tally.probes and not ran_episodes and not ran_batches:
                 out.append(Line(prefix + "no probe ran"))
                 continue
-            counts = bool(t.summary.tally.probes) or not (ran_episodes or ran_batches or ran_loaded)
+            counts = bool(t.summary.tally.probes) or not (ran_episodes or ran_batches)
             for line in result_block(t.summary.tally, t.setup, report.settings, report.probe_set, counts):
                 out.append(Line(prefix + line))
             out += [Line(prefix + line) for line in check_lines(t.check_tallies()[0], ids=False)]

@@ -51,9 +51,9 @@ def test_positive_control_a_fault_only_under_load_is_caught_and_the_quiet_probe_
         assert r.divergence is not None and r.divergence.char == 40
         assert r.checks is not None and all(h.cached_tokens for h in r.checks.cache_hits)
         assert r.line().startswith(f"{r.id} [cache under load: 2 background requests of 20 words, up to 8 "
-                                   f"tokens, seed 7] different")
+                                   f"tokens, seed 7, sent 0.1 s ahead] different")
         assert r.message().startswith("[cache under load: 2 background requests of 20 words, up to 8 tokens, "
-                                      "seed 7] cache path and recompute path gave different turn-2 answers")
+                                      "seed 7, sent 0.1 s ahead] cache path and recompute path gave different turn-2 answers")
         assert r.message().endswith("the load alone (batch kind, cache off): not measured")
     quiet = measure(emu, shape=None)  # the same server, quiet: the fault never fires
     assert [r.outcome for r in quiet] == [Outcome.SAME] * 2, [r.reason for r in quiet]
