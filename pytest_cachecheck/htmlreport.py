@@ -37,6 +37,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 
 from . import attribution
 from .files import write_text
+from .kinds import BATCH, LOADED, ORDER, Kind
 from .model import (CACHE_FAILS, CACHE_PASSES, CONVERSATION_CHANGED, HEALED, NEAR_TIE_NATS, NEW_PROBE,
                     NEWLY_DIVERGED, NEWLY_INCONCLUSIVE, NEWLY_VALID, NOT_RUN, STILL_DIFFERENT, STILL_INCONCLUSIVE,
                     STILL_SAME, BatchRecord, CheckResult, CheckResults, CheckTally, Comparison, EpisodeRecord,
@@ -645,6 +646,43 @@ def _episodes_section(t: TargetReport, suffix: str) -> Markup:
     return join(out)
 
 
+# --------------------------------------------------------------------------- kinds measured under conditions
+
+def _conditioned_head(r: Any, label: str) -> List[Markup]:
+    """The head of a batch, loaded or order probe's article: key, outcome, source, seconds, the conditions it
+    ran under and its reason."""
+    out = [h("div", {"class": "probe-head"}, h("h4", {}, r.key), _badge(r.outcome.value),
+             h("span", {"class": "why"}, r.source), h("span", {"class": "why"}, f"{r.duration_s:.2f} s")),
+           h("p", {"class": "why"}, label)]
+    if r.reason:
+        out.append(h("pre", {"class": "reason"}, r.reason))
+    return out
+
+
+def _conditioned_section(kind: Kind, records: Optional[Sequence[Any]], s: Any, suffix: str, title: str,
+                         why: str, groups: Sequence[Tuple[str, str, str]], article: Callable[[Any, str], Markup],
+                         said: str = "") -> Markup:
+    """A target's items of a kind measured under conditions (batch, loaded, order): the conditions, counts,
+    what the summary says (``said``), the rate, and each item's article under its outcome's group."""
+    if records is None or s is None:
+        return Markup()
+    plural = "batches" if kind == BATCH else "orders" if kind == ORDER else kind.name  # the section's id
+    out = [h("h2", {"id": f"{plural}{suffix}"}, f"{title} ({len(records)})"), h("p", {"class": "why"}, why),
+           h("p", {"id": f"{kind.name}-conditions{suffix}"}, h("b", {}, s.label())),
+           h("p", {}, _figures(((kind.plural, s.tally.probes), ("valid", s.tally.valid), ("same", s.tally.same),
+                                ("different", s.tally.different), ("inconclusive", s.tally.inconclusive),
+                                ("errors", s.tally.errors))))]
+    if said:
+        out.append(h("p", {"id": f"{kind.name}-attribution{suffix}"}, said))
+    out.append(h("p", {}, _rate_html(s.tally.rate, kind.rate_name, kind.unit)))
+    anchors = {r.id: f"{kind.name}-{i}{suffix}" for i, r in enumerate(records)}
+    for outcome, heading, reason in groups:
+        members = [article(r, anchors[r.id]) for r in records if r.outcome.value == outcome]
+        if members:
+            out.append(_group(heading, reason, members, outcome == "same"))
+    return join(out)
+
+
 # --------------------------------------------------------------------------- batch probes
 
 _BATCH_GROUPS = (("different", "Answered differently amid other requests", "the turn-2 answer under load "
@@ -655,11 +693,7 @@ _BATCH_GROUPS = (("different", "Answered differently amid other requests", "the 
 
 
 def _batch_article(b: BatchRecord, anchor: str) -> Markup:
-    out = [h("div", {"class": "probe-head"}, h("h4", {}, b.key), _badge(b.outcome.value),
-             h("span", {"class": "why"}, b.source), h("span", {"class": "why"}, f"{b.duration_s:.2f} s")),
-           h("p", {"class": "why"}, b.shape.label())]
-    if b.reason:
-        out.append(h("pre", {"class": "reason"}, b.reason))
+    out = _conditioned_head(b, b.shape.label())
     answers = {r.step: r.content for r in b.requests}
     run = b.parted_run or 1
     alone, load = answers.get(f"alone-{run}/turn-2"), answers.get(f"load-{run}/turn-2")
@@ -679,23 +713,10 @@ def _batch_article(b: BatchRecord, anchor: str) -> Markup:
 def _batches_section(t: TargetReport, suffix: str) -> Markup:
     """A target's batch probes, under their conditions: counts, the rate, and each probe's answer alone and
     amid other requests side by side."""
-    if t.batches is None or t.batch_summary is None:
-        return Markup()
-    s = t.batch_summary
-    out = [h("h2", {"id": f"batches{suffix}"}, f"Batch probes ({len(t.batches)})"),
-           h("p", {"class": "why"}, "Each probe's turn 2, the cache off, sent alone and amid background "
-             "requests in flight (twice each): does the answer change when the server has other work?"),
-           h("p", {"id": f"batch-conditions{suffix}"}, h("b", {}, s.conditions.label())),
-           h("p", {}, _figures((("batch probes", s.tally.probes), ("valid", s.tally.valid),
-                                ("same", s.tally.same), ("different", s.tally.different),
-                                ("inconclusive", s.tally.inconclusive), ("errors", s.tally.errors)))),
-           h("p", {}, _rate_html(s.tally.rate, "batch divergence rate", "batch probe"))]
-    anchors = {b.id: f"batch-{i}{suffix}" for i, b in enumerate(t.batches)}
-    for outcome, title, why in _BATCH_GROUPS:
-        members = [_batch_article(b, anchors[b.id]) for b in t.batches if b.outcome.value == outcome]
-        if members:
-            out.append(_group(title, why, members, outcome == "same"))
-    return join(out)
+    return _conditioned_section(
+        BATCH, t.batches, t.batch_summary, suffix, "Batch probes",
+        "Each probe's turn 2, the cache off, sent alone and amid background requests in flight (twice each): does "
+        "the answer change when the server has other work?", _BATCH_GROUPS, _batch_article)
 
 
 # --------------------------------------------------------------------------- the cache under load
@@ -708,11 +729,7 @@ _LOADED_GROUPS = (("different", "Diverged under load", "the cache path and the r
 
 
 def _loaded_article(x: LoadedRecord, anchor: str) -> Markup:
-    out = [h("div", {"class": "probe-head"}, h("h4", {}, x.key), _badge(x.outcome.value),
-             h("span", {"class": "why"}, x.source), h("span", {"class": "why"}, f"{x.duration_s:.2f} s")),
-           h("p", {"class": "why"}, x.shape.load_label())]
-    if x.reason:
-        out.append(h("pre", {"class": "reason"}, x.reason))
+    out = _conditioned_head(x, x.shape.load_label())
     if x.outcome.value == "different":
         out.append(h("p", {"class": "why"}, f"the load alone (batch kind, cache off): {x.load_alone}"))
     cache, recompute = x.content("cache-2/turn-2"), x.content("recompute-2/turn-2")
@@ -733,25 +750,12 @@ def _loaded_article(x: LoadedRecord, anchor: str) -> Markup:
 def _loaded_section(t: TargetReport, suffix: str) -> Markup:
     """A target's cache probes under load, under their conditions: counts, how many the load alone explains,
     the rate, and each probe's cache and recompute answers under load side by side."""
-    if t.loaded is None or t.loaded_summary is None:
-        return Markup()
     s = t.loaded_summary
-    out = [h("h2", {"id": f"loaded{suffix}"}, f"Cache under load ({len(t.loaded)})"),
-           h("p", {"class": "why"}, "Each probe's cache path and recompute path (twice each), every turn 2 sent "
-             "amid background requests in flight: does the cache change the answer when the server has other "
-             "work?"),
-           h("p", {"id": f"loaded-conditions{suffix}"}, h("b", {}, s.conditions.load_label())),
-           h("p", {}, _figures((("loaded probes", s.tally.probes), ("valid", s.tally.valid),
-                                ("same", s.tally.same), ("different", s.tally.different),
-                                ("inconclusive", s.tally.inconclusive), ("errors", s.tally.errors)))),
-           h("p", {"id": f"loaded-attribution{suffix}"}, s.attribution()),
-           h("p", {}, _rate_html(s.tally.rate, "divergence rate under load", "loaded probe"))]
-    anchors = {x.id: f"loaded-{i}{suffix}" for i, x in enumerate(t.loaded)}
-    for outcome, title, why in _LOADED_GROUPS:
-        members = [_loaded_article(x, anchors[x.id]) for x in t.loaded if x.outcome.value == outcome]
-        if members:
-            out.append(_group(title, why, members, outcome == "same"))
-    return join(out)
+    return _conditioned_section(
+        LOADED, t.loaded, s, suffix, "Cache under load",
+        "Each probe's cache path and recompute path (twice each), every turn 2 sent amid background requests in "
+        "flight: does the cache change the answer when the server has other work?", _LOADED_GROUPS,
+        _loaded_article, said=s.attribution() if s is not None else "")
 
 
 # --------------------------------------------------------------------------- order probes
@@ -764,11 +768,7 @@ _ORDER_GROUPS = (("different", "Answered differently in another order and state"
 
 
 def _order_article(o: OrderRecord, anchor: str) -> Markup:
-    out = [h("div", {"class": "probe-head"}, h("h4", {}, o.key), _badge(o.outcome.value),
-             h("span", {"class": "why"}, o.source), h("span", {"class": "why"}, f"{o.duration_s:.2f} s")),
-           h("p", {"class": "why"}, o.conditions.label())]
-    if o.reason:
-        out.append(h("pre", {"class": "reason"}, o.reason))
+    out = _conditioned_head(o, o.conditions.label())
     answers = {r.step: r.content for r in o.requests}
     turn = o.parted_turn or 2
     a, b = answers.get(f"A/turn-{turn}"), answers.get(f"B/turn-{turn}")
@@ -788,24 +788,11 @@ def _order_article(o: OrderRecord, anchor: str) -> Markup:
 def _orders_section(t: TargetReport, suffix: str) -> Markup:
     """A target's order probes, under their conditions: counts, the rate, and each probe's answers of the two
     passes side by side, with the state each request reused."""
-    if t.orders is None or t.order_summary is None:
-        return Markup()
-    s = t.order_summary
-    out = [h("h2", {"id": f"orders{suffix}"}, f"Order probes ({len(t.orders)})"),
-           h("p", {"class": "why"}, "The probe set sent as an application would (the server's own cache "
-             "defaults), twice: in file order, then reversed with other conversations between. Does an "
-             "answer change with the order and the state earlier conversations left?"),
-           h("p", {"id": f"order-conditions{suffix}"}, h("b", {}, s.conditions.label())),
-           h("p", {}, _figures((("order probes", s.tally.probes), ("valid", s.tally.valid),
-                                ("same", s.tally.same), ("different", s.tally.different),
-                                ("inconclusive", s.tally.inconclusive), ("errors", s.tally.errors)))),
-           h("p", {}, _rate_html(s.tally.rate, "order divergence rate", "order probe"))]
-    anchors = {o.id: f"order-{i}{suffix}" for i, o in enumerate(t.orders)}
-    for outcome, title, why in _ORDER_GROUPS:
-        members = [_order_article(o, anchors[o.id]) for o in t.orders if o.outcome.value == outcome]
-        if members:
-            out.append(_group(title, why, members, outcome == "same"))
-    return join(out)
+    return _conditioned_section(
+        ORDER, t.orders, t.order_summary, suffix, "Order probes",
+        "The probe set sent as an application would (the server's own cache defaults), twice: in file order, "
+        "then reversed with other conversations between. Does an answer change with the order and the state "
+        "earlier conversations left?", _ORDER_GROUPS, _order_article)
 
 
 # --------------------------------------------------------------------------- the attribution

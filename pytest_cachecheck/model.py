@@ -616,6 +616,30 @@ class EpisodeRecord(_Measured):
         return next((p for p in self.paths if p.name == name), None)
 
 
+class _Conditioned:
+    """What a record measured under conditions (batch, loaded, order) shares: every line about it names them
+    (``label``)."""
+
+    id: str
+    outcome: "Outcome"
+    reason: str
+
+    def label(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def different(self) -> bool:
+        return self.outcome == Outcome.DIFFERENT
+
+    def line(self) -> str:
+        """``<id> [<conditions>] <outcome>``: one line naming the conditions it ran under."""
+        return f"{self.id} [{self.label()}] {self.outcome.value}"
+
+    def message(self) -> str:
+        """The reason, naming the conditions: what a user sees for this outcome."""
+        return f"[{self.label()}] {self.reason}" if self.reason else ""
+
+
 # -- one batch probe (the measurement is batch.py's) -------------------------------------------------------
 _WORDS = ("river lantern copper meadow harbor violin glacier orchard compass ember falcon granite hollow "
           "island juniper kettle ledger marble nectar oyster pepper quarry saddle thistle velvet walnut "
@@ -691,7 +715,7 @@ class LoadRun(_Json):
 
 
 @dataclass
-class BatchRecord(_Measured):
+class BatchRecord(_Conditioned, _Measured):
     """One probe's batch measurement. ``divergence`` reuses the cache measurement's type: its cache side is
     the answer alone, its recompute side the answer under load (of ``parted_run``)."""
 
@@ -721,17 +745,8 @@ class BatchRecord(_Measured):
     def kind(self) -> str:
         return "batch"
 
-    @property
-    def different(self) -> bool:
-        return self.outcome == Outcome.DIFFERENT
-
-    def line(self) -> str:
-        """``<id> [batch: ...; cache off] <outcome>``: one line naming the conditions it ran under."""
-        return f"{self.id} [{self.shape.label()}] {self.outcome.value}"
-
-    def message(self) -> str:
-        """The reason, naming the conditions: what a user sees for this outcome."""
-        return f"[{self.shape.label()}] {self.reason}" if self.reason else ""
+    def label(self) -> str:
+        return self.shape.label()
 
 
 # -- one order probe (the measurement is order.py's) -------------------------------------------------------
@@ -769,7 +784,7 @@ class OrderConditions(_Json):
 
 
 @dataclass
-class OrderRecord(_Measured):
+class OrderRecord(_Conditioned, _Measured):
     """One probe's conversation sent twice as an application would: pass A in file order, pass B reversed
     with other conversations between. ``divergence`` reuses the cache measurement's type: its cache side is
     pass A's answer, its recompute side pass B's (of ``parted_turn``)."""
@@ -799,17 +814,8 @@ class OrderRecord(_Measured):
     def kind(self) -> str:
         return "order"
 
-    @property
-    def different(self) -> bool:
-        return self.outcome == Outcome.DIFFERENT
-
-    def line(self) -> str:
-        """``<id> [order: ...] <outcome>``: one line naming the conditions it ran under."""
-        return f"{self.id} [{self.conditions.label()}] {self.outcome.value}"
-
-    def message(self) -> str:
-        """The reason, naming the conditions: what a user sees for this outcome."""
-        return f"[{self.conditions.label()}] {self.reason}" if self.reason else ""
+    def label(self) -> str:
+        return self.conditions.label()
 
 
 #: what the batch kind said of the same probe (``LoadedRecord.load_alone``): its answer amid the same load,
@@ -819,7 +825,7 @@ LOAD_ALONE = ("same", "different", "not measured")
 
 
 @dataclass
-class LoadedRecord(ProbeRecord):
+class LoadedRecord(_Conditioned, ProbeRecord):
     """One probe's cache measurement under load (the loaded kind): the probe protocol's record with every
     turn-2 request sent amid the background (``shape``), its load runs in the order sent (cache run 1,
     recompute run 1, cache run 2, recompute run 2: ``LOADED_STEPS``), and what the batch kind said of the same
@@ -837,17 +843,14 @@ class LoadedRecord(ProbeRecord):
     def kind(self) -> str:
         return "loaded"
 
-    def line(self) -> str:
-        """``<id> [cache under load: ...] <outcome>``: one line naming the conditions it ran under."""
-        return f"{self.id} [{self.shape.load_label()}] {self.outcome.value}"
+    def label(self) -> str:
+        return self.shape.load_label()
 
     def message(self) -> str:
         """The reason, naming the conditions, and for a divergence what the load alone did."""
-        if not self.reason:
-            return ""
         alone = (f"\n  the load alone (batch kind, cache off): {self.load_alone}"
                  if self.outcome == Outcome.DIFFERENT else "")
-        return f"[{self.shape.load_label()}] {self.reason}{alone}"
+        return super().message() + alone if self.reason else ""
 
 
 #: the turn-2 requests a loaded record sends under load, in order (one LoadRun each)
