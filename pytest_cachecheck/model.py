@@ -1060,13 +1060,12 @@ class EpisodeSummary(_Rated, _Json):
         return cls(tally=Tally.of(records), parting_steps=dict(sorted(steps.items())), not_run=list(not_run))
 
 
-@dataclass
-class BatchSummary(_Rated, _Json):
-    """The batch probes' counts, the rate of answers changed amid other requests, and the conditions."""
+class _ConditionedSummary(_Rated):
+    """What the summaries of the kinds measured under conditions share: the rate of their counts, and the
+    conditions' label."""
 
-    tally: Tally = _j(flat={})
-    conditions: BatchShape = _j(default_factory=BatchShape)
-    not_run: List[str] = field(default_factory=list)
+    tally: Tally
+    conditions: Any
 
     @property  # type: ignore[override]
     def rate(self) -> Optional[Rate]:
@@ -1074,7 +1073,16 @@ class BatchSummary(_Rated, _Json):
 
     def label(self) -> str:
         """The conditions, as every line about this kind names them."""
-        return self.conditions.label()
+        return str(self.conditions.label())
+
+
+@dataclass
+class BatchSummary(_ConditionedSummary, _Json):
+    """The batch probes' counts, the rate of answers changed amid other requests, and the conditions."""
+
+    tally: Tally = _j(flat={})
+    conditions: BatchShape = _j(default_factory=BatchShape)
+    not_run: List[str] = field(default_factory=list)
 
     @classmethod
     def of(cls, records: Sequence["BatchRecord"], shape: BatchShape, not_run: Sequence[str] = ()
@@ -1083,20 +1091,12 @@ class BatchSummary(_Rated, _Json):
 
 
 @dataclass
-class OrderSummary(_Rated, _Json):
+class OrderSummary(_ConditionedSummary, _Json):
     """The order probes' counts, the rate of answers changed by order and state, and the conditions."""
 
     tally: Tally = _j(flat={})
     conditions: OrderConditions = _j(default_factory=OrderConditions)
     not_run: List[str] = field(default_factory=list)
-
-    @property  # type: ignore[override]
-    def rate(self) -> Optional[Rate]:
-        return self.tally.rate
-
-    def label(self) -> str:
-        """The conditions, as every line about this kind names them."""
-        return self.conditions.label()
 
     @classmethod
     def of(cls, records: Sequence["OrderRecord"], conditions: OrderConditions, not_run: Sequence[str] = ()
@@ -1106,7 +1106,7 @@ class OrderSummary(_Rated, _Json):
 
 
 @dataclass
-class LoadedSummary(_Rated, _Json):
+class LoadedSummary(_ConditionedSummary, _Json):
     """The cache probes under load: counts, the divergence rate under load, the conditions, and of the valid
     ones that diverged, how many the load alone (the batch kind on the same probe, cache off) changed too
     (``load_alone_different``) and how many it left the same (``load_alone_same``; the rest were not
@@ -1118,12 +1118,7 @@ class LoadedSummary(_Rated, _Json):
     load_alone_same: int = 0
     not_run: List[str] = field(default_factory=list)
 
-    @property  # type: ignore[override]
-    def rate(self) -> Optional[Rate]:
-        return self.tally.rate
-
     def label(self) -> str:
-        """The conditions, as every line about this kind names them."""
         return self.conditions.load_label()
 
     @classmethod
