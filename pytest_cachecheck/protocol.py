@@ -28,6 +28,7 @@ from .clients import ChatClient, Reply, plugin_kinds
 from .clients.base import TokenLogprob
 from .errors import RequestError, ServerSetupError
 from .background import Background
+from .kinds import LOADED
 from .model import (LOADED_STEPS, BatchShape, Checks, Divergence, HitCheck, LoadedRecord, Outcome,
                     ProbeRecord)
 from .probes import Probe
@@ -56,12 +57,12 @@ def excerpt(text: str, at: int) -> str:
     return repr(head)[1:-1] + " >>> " + (repr(tail)[1:-1] if tail else "(end of answer)")
 
 
-def divergence_message(d: Divergence) -> str:
+def divergence_message(d: Divergence, large_gap: str = "") -> str:
     where = f"character {d.char}" + (f" (token {d.token})" if d.token is not None else "")
     text = (f"cache path and recompute path gave different turn-2 answers, from {where}\n"
             f"  cache:     {d.cache_excerpt}\n"
             f"  recompute: {d.recompute_excerpt}")
-    anatomy = d.anatomy()
+    anatomy = d.anatomy(large_gap=large_gap)
     return text + (f"\n  at {anatomy}" if anatomy else "")
 
 
@@ -257,4 +258,5 @@ class Runner:
             return
         record.outcome = Outcome.DIFFERENT
         record.divergence = divergence
-        record.reason = divergence_message(divergence)
+        # under load a large gap is no rounding (the quiet probe's large gap says nothing more)
+        record.reason = divergence_message(divergence, LOADED.large_gap if isinstance(record, LoadedRecord) else "")

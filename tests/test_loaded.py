@@ -55,6 +55,8 @@ def test_positive_control_a_fault_only_under_load_is_caught_and_the_quiet_probe_
         assert r.message().startswith("[cache under load: 2 background requests of 20 words, up to 8 tokens, "
                                       "seed 7, sent 0.1 s ahead] cache path and recompute path gave different turn-2 answers")
         assert r.message().endswith("the load alone (batch kind, cache off): not measured")
+        # under load, a large gap is called a state bug's signature (a near-tie or no margins: nothing more)
+        assert ("under load is not rounding noise" in r.reason) == (r.divergence.kind == "large-gap")
     quiet = measure(emu, shape=None)  # the same server, quiet: the fault never fires
     assert [r.outcome for r in quiet] == [Outcome.SAME] * 2, [r.reason for r in quiet]
     assert not any(isinstance(r, LoadedRecord) for r in quiet)
@@ -162,3 +164,14 @@ def test_the_background_keeps_off_the_cache_paths_slot_only_under_load_cache():
     vllm = VllmClient(Http("http://127.0.0.1:9"), ServerInfo(kind="vllm"))
     fields = Background(vllm, SHAPE, beside_cache=True).fields(0)
     assert set(fields) == set(Background(vllm, SHAPE).fields(0)) and "id_slot" not in fields
+
+
+@pytest.mark.parametrize("margins, said", [((0.0, 0.125), False), ((2.0, 0.0), True), ((None, None), False)])
+def test_a_large_gap_under_load_is_called_a_state_bug_signature_and_a_quiet_one_is_not(margins, said):
+    from pytest_cachecheck.kinds import LOADED
+    from pytest_cachecheck.model import Divergence
+    from pytest_cachecheck.protocol import divergence_message
+    d = Divergence(char=3, token=1, cache_excerpt="a", recompute_excerpt="b", cache_token="x",
+                   recompute_token="y", cache_margin=margins[0], recompute_margin=margins[1])
+    assert ("a large gap under load is not rounding noise" in divergence_message(d, LOADED.large_gap)) == said
+    assert "not rounding noise" not in divergence_message(d)  # the quiet probe's message is as before
