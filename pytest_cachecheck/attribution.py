@@ -35,29 +35,24 @@ def _probe(t: TargetReport) -> Optional[Cause]:
                  t.summary.tally, {r.id: r.outcome for r in t.probes})
 
 
-def _batch(t: TargetReport) -> Optional[Cause]:
-    if not t.batches or t.batch_summary is None:
-        return None
-    return Cause(BATCH, "batch", t.batch_summary.conditions.label(), t.batch_summary.tally,
-                 {r.id: r.outcome for r in t.batches})
-
-
-def _loaded(t: TargetReport) -> Optional[Cause]:
-    if not t.loaded or t.loaded_summary is None:
-        return None
-    return Cause(LOADED, "cache under load", t.loaded_summary.conditions.load_label(), t.loaded_summary.tally,
-                 {r.id: r.outcome for r in t.loaded})
-
-
-def _order(t: TargetReport) -> Optional[Cause]:
-    if not t.orders or t.order_summary is None:
-        return None
-    return Cause(ORDER, "order", t.order_summary.conditions.label(), t.order_summary.tally,
-                 {r.id: r.outcome for r in t.orders})
+def _conditioned(kind: Kind, name: str, records: str, summary: str) -> Callable[[TargetReport], Optional[Cause]]:
+    """The reader of a kind measured under conditions: its records and summary are the target's attributes
+    ``records`` and ``summary``; the conditions are the summary's label without the kind's own name."""
+    def read(t: TargetReport) -> Optional[Cause]:
+        items, s = getattr(t, records), getattr(t, summary)
+        if not items or s is None:
+            return None
+        label = s.label()
+        return Cause(kind, name, label[len(name) + 2:] if label.startswith(name + ": ") else label, s.tally,
+                     {r.id: r.outcome for r in items})
+    return read
 
 
 #: the causes, in the order they are listed: the controlled measurement first
-READERS: Sequence[Callable[[TargetReport], Optional[Cause]]] = (_probe, _batch, _loaded, _order)
+READERS: Sequence[Callable[[TargetReport], Optional[Cause]]] = (
+    _probe, _conditioned(BATCH, "batch", "batches", "batch_summary"),
+    _conditioned(LOADED, "cache under load", "loaded", "loaded_summary"),
+    _conditioned(ORDER, "order", "orders", "order_summary"))
 
 
 def causes(t: TargetReport) -> List[Cause]:
