@@ -15,6 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from .kinds import BATCH, LOADED, ORDER, PROBE, Kind
 from .model import Outcome, Tally, TargetReport
+from .text import counted
 
 
 @dataclass(frozen=True)
@@ -69,12 +70,14 @@ def told_apart(found: Sequence[Cause]) -> List[Tuple[str, List[Tuple[Cause, Outc
     return [(i, [(c, c.outcomes[i]) for c in found if i in c.outcomes]) for i in ids]
 
 
-def _rate(t: Tally) -> str:
-    rate = t.rate
+def _said(c: Cause) -> str:
+    """``2 of 20 valid probes differed, 10.0% (95% interval 2.8% to 30.1%)``, or ``no valid probe``."""
+    t, rate = c.tally, c.tally.rate
     if rate is None:
-        return "no valid item"
+        return f"no valid {c.kind.unit}"
     lo, hi = rate.ci95
-    return f"{rate.value:.1%} (95% interval {lo:.1%} to {hi:.1%})"
+    return (f"{t.different} of {counted(t.valid, 'valid ' + c.kind.unit)} {c.kind.changed}, {rate.value:.1%} "
+            f"(95% interval {lo:.1%} to {hi:.1%})")
 
 
 def lines(t: TargetReport, limit: Optional[int] = 10) -> List[str]:
@@ -84,9 +87,8 @@ def lines(t: TargetReport, limit: Optional[int] = 10) -> List[str]:
     found = causes(t)
     if len(found) < 2:
         return []
-    out = [f"{c.name}: {c.tally.different} of {c.tally.valid} valid {c.kind.plural if c.tally.valid != 1 else c.kind.unit} "
-           f"{c.kind.changed}, {_rate(c.tally)}; {c.tally.inconclusive} inconclusive, {c.tally.errors} errors "
-           f"[{c.conditions}]" for c in found]
+    out = [f"{c.name}: {_said(c)}; {c.tally.inconclusive} inconclusive, {c.tally.errors} errors [{c.conditions}]"
+           for c in found]
     parted = told_apart(found)
     if not parted:
         return out + ["no probe differed under any cause"]
