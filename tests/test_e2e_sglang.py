@@ -21,10 +21,10 @@ from tests.support.plugin_runs import (
     batch_figures,
     check_batch_run,
     check_deployed_run,
-    deployed_args,
-    deployed_figures,
     check_episode_run,
     check_no_early_stop,
+    deployed_args,
+    deployed_figures,
     episode_args,
     order_restored,
 )

@@ -249,8 +249,16 @@ def check_deployed_run(run: Run, background_tokens: int) -> Dict[str, Tally]:
     background in flight; the recompute path reused nothing; a valid one's hits covered turn 1; ``load_alone``
     the batch record's outcome. The order records: each valid, every request with its cached-token counter.
     Returns each kind's tally (``probe``, ``batch``, ``loaded``, ``order``)."""
-    from pytest_cachecheck.model import (LOADED_STEPS, BatchRecord, BatchShape, LoadedRecord, OrderConditions,
-                                         OrderRecord, Outcome, ProbeRecord)
+    from pytest_cachecheck.model import (
+        LOADED_STEPS,
+        BatchRecord,
+        BatchShape,
+        LoadedRecord,
+        OrderConditions,
+        OrderRecord,
+        Outcome,
+        ProbeRecord,
+    )
 
     ids = [p["id"] for p in run.data["probes"]]
     assert len(ids) == 2 and [b["id"] for b in run.data["batches"]] == ids, run.out[-4000:]
