@@ -20,9 +20,13 @@ from tests.support.plugin_runs import (
     batch_args,
     batch_figures,
     check_batch_run,
+    check_deployed_run,
     check_episode_run,
     check_no_early_stop,
+    deployed_args,
+    deployed_figures,
     episode_args,
+    order_restored,
 )
 from tests.support.sglang_server import STARTED
 
@@ -170,6 +174,22 @@ def test_batch_kind_from_pytest(plugin_run, sglang_servers):
     batch_figures(run, f"SGLang 0.5.23 (tiny Qwen2 bf16, page size 1; 3 background requests of 60 words, up "
                        f"to {BATCH_TOKENS} tokens; answers up to 64)", tally)
     print(f"MEASURED SGLang 0.5.23 background request: {check_no_early_stop(url, 60, BATCH_TOKENS)}")
+
+
+
+def test_cache_under_load_and_order_from_pytest(plugin_run, sglang_servers):
+    """The cache under load (--cachecheck-load-cache) and order and state (--cachecheck-order) on real
+    SGLang, on the batch test's server and background, 2 probes: every loaded record valid or inconclusive for
+    the probe rules' reasons, each turn 2 sent amid the background, the recompute path reusing nothing, the
+    hits covering turn 1, ``load_alone`` the batch record's outcome; every order record valid with each
+    request's cached tokens; the summaries and the exit status a recount. With no cache field the server's
+    shared prefix cache is on, so pass B's turn 1 (pass A's prompt again) reuses more than pass A's did.
+    Whether an answer changes is recorded, never assumed."""
+    run = plugin_run(f"--cachecheck-url={sglang_servers.url('default')}", *deployed_args(BATCH_TOKENS))
+    tallies = check_deployed_run(run, BATCH_TOKENS)
+    deployed_figures(run, f"SGLang 0.5.23 (tiny Qwen2 bf16, page size 1; 3 background requests of 60 words, "
+                          f"up to {BATCH_TOKENS} tokens; answers up to 64)", tallies)
+    assert order_restored(run), run.data["orders"]
 
 
 def test_no_cuda_kernel_was_called():

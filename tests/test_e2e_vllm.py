@@ -20,9 +20,13 @@ from tests.support.plugin_runs import (
     batch_args,
     batch_figures,
     check_batch_run,
+    check_deployed_run,
     check_episode_run,
     check_no_early_stop,
+    deployed_args,
+    deployed_figures,
     episode_args,
+    order_restored,
     some_plain_episodes,
 )
 
@@ -279,3 +283,21 @@ def test_batch_kind_from_pytest(plugin_run, vllm_servers):
     batch_figures(run, f"vLLM 0.32.0 (tiny Qwen2 bf16, block 128; 3 background requests of 60 words, up to "
                        f"{BATCH_TOKENS} tokens; answers up to 64)", tally)
     print(f"MEASURED vLLM 0.32.0 background request: {check_no_early_stop(url, 60, BATCH_TOKENS)}")
+
+
+def test_cache_under_load_and_order_from_pytest(plugin_run, vllm_servers):
+    """The cache under load (--cachecheck-load-cache) and order and state (--cachecheck-order) on real
+    vLLM, at block 32 with the batch test's background, 2 probes (at the default block of 128, a turn-1 prompt
+    and answer of 64 tokens fill no whole block, so the hit is 0 and every loaded probe is inconclusive, and
+    pass B's turn 1 can reuse nothing: measured). Every loaded record valid or inconclusive for
+    the probe rules' reasons, each turn 2 sent amid the background, the recompute path reusing nothing, the
+    hits covering turn 1, ``load_alone`` the batch record's outcome; every order record valid with each
+    request's cached tokens; the summaries and the exit status a recount. With no cache field the server's
+    shared prefix cache is on, so pass B's turn 1 (pass A's prompt again) reuses more than pass A's did.
+    Whether an answer changes is recorded, never assumed."""
+    run = plugin_run(f"--cachecheck-url={vllm_servers.url('f32-b32')}", *deployed_args(BATCH_TOKENS))
+    tallies = check_deployed_run(run, BATCH_TOKENS)
+    assert run.target["server"]["build"] == "0.32.0"
+    deployed_figures(run, f"vLLM 0.32.0 (tiny Qwen2 float32, block 32; 3 background requests of 60 words, "
+                          f"up to {BATCH_TOKENS} tokens; answers up to 64)", tallies)
+    assert order_restored(run), run.data["orders"]

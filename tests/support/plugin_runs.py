@@ -228,3 +228,110 @@ def check_no_early_stop(url: str, shape_words: int, max_tokens: int) -> str:
         assert past.content.startswith(plain.content), (past.content[:200], plain.content[:200])
         seen += f", with it {more} of {more} (length)"
     return seen
+
+
+def deployed_args(background_tokens: int) -> Tuple[str, ...]:
+    """The arguments of a run of every deployed kind on 2 probes: the quiet probes, the batch kind, the cache
+    under load (the batch shape of :func:`batch_args`) and order and state."""
+    return ("--cachecheck-n=2", "--cachecheck-batch=3", "--cachecheck-batch-prompt-words=60",
+            f"--cachecheck-batch-max-tokens={background_tokens}", "--cachecheck-max-tokens=64",
+            "--cachecheck-load-cache", "--cachecheck-order", "-p", "no:randomly")
+
+
+def _cached(record: Dict[str, Any], step: str) -> int:
+    return next(q["cached_tokens"] for q in record["requests"] if q["step"] == step)
+
+
+def check_deployed_run(run: Run, background_tokens: int) -> Dict[str, Tally]:
+    """A run of :func:`deployed_args`: every kind's summary a recount of its records (``different <= valid``)
+    and the exit status what the counts say. The loaded records: each valid, or inconclusive for the probe
+    rules' reasons (the hit, the recompute path's reuse); each of the four turn-2 requests sent with the whole
+    background in flight; the recompute path reused nothing; a valid one's hits covered turn 1; ``load_alone``
+    the batch record's outcome. The order records: each valid, every request with its cached-token counter.
+    Returns each kind's tally (``probe``, ``batch``, ``loaded``, ``order``)."""
+    from pytest_cachecheck.model import (
+        LOADED_STEPS,
+        BatchRecord,
+        BatchShape,
+        LoadedRecord,
+        OrderConditions,
+        OrderRecord,
+        Outcome,
+        ProbeRecord,
+    )
+
+    ids = [p["id"] for p in run.data["probes"]]
+    assert len(ids) == 2 and [b["id"] for b in run.data["batches"]] == ids, run.out[-4000:]
+    shape = BatchShape(concurrent=3, prompt_words=60, max_tokens=background_tokens)
+    batch = {b["id"]: b["outcome"] for b in run.data["batches"]}
+    loaded = [LoadedRecord.from_json(x) for x in run.data["loaded"]]
+    assert [r.id for r in loaded] == ids, run.out[-4000:]
+    for r in loaded:
+        assert r.outcome != Outcome.ERROR and r.shape == shape, (r.id, r.reason)
+        assert [q.step for q in r.requests if q.step in LOADED_STEPS] == list(LOADED_STEPS), r.id
+        assert [(x.background, x.in_flight_at_send >= 1) for x in r.loads] == [(3, True)] * 4, (r.id, r.loads)
+        assert all(q.cached_tokens == 0 for q in r.requests if q.step.startswith("recompute")), r.id
+        if r.outcome == Outcome.INCONCLUSIVE:
+            assert "cache hit was" in r.reason or "reused" in r.reason, r.reason
+        else:
+            assert r.checks is not None and len(r.checks.cache_hits) == 2 and not r.checks.recompute_reused
+            for h in r.checks.cache_hits:  # the hit covered turn 1: past its prompt, within the tolerance
+                assert h.cached_tokens is not None, (r.id, h)
+                assert h.turn1_prompt_tokens < h.cached_tokens, (r.id, h)
+                assert h.expected_at_least <= h.cached_tokens, (r.id, h)
+        assert r.load_alone == (batch[r.id] if batch[r.id] in ("same", "different") else "not measured"), r.id
+    orders = [OrderRecord.from_json(x) for x in run.data["orders"]]
+    assert sorted(r.id for r in orders) == sorted(ids), run.out[-4000:]
+    for r in orders:
+        assert r.outcome in (Outcome.SAME, Outcome.DIFFERENT), (r.id, r.reason)
+        assert [q.step for q in r.requests] == ["A/turn-1", "A/turn-2", "B/turn-1", "B/turn-2"], r.id
+        assert all(q.cached_tokens is not None for q in r.requests), r.id  # the state evidence
+    tallies = {"probe": Tally.of([ProbeRecord.from_json(p) for p in run.data["probes"]]),
+               "batch": Tally.of([BatchRecord.from_json(b) for b in run.data["batches"]]),  # type: ignore
+               "loaded": Tally.of(loaded), "order": Tally.of(orders)}  # type: ignore[arg-type]
+    t = run.target
+    for kind, key in (("probe", "summary"), ("batch", "batch_summary"), ("loaded", "loaded_summary"),
+                      ("order", "order_summary")):
+        s, n = t[key], tallies[kind]
+        assert (s["probes"], s["valid"], s["same"], s["different"], s["inconclusive"], s["errors"]) == (
+            n.probes, n.valid, n.same, n.different, n.inconclusive, n.errors), (kind, s)
+        assert n.different <= n.valid
+    s = t["loaded_summary"]
+    diverged = [r for r in loaded if r.outcome == Outcome.DIFFERENT]
+    assert (s["load_alone_different"], s["load_alone_same"]) == (
+        sum(r.load_alone == "different" for r in diverged), sum(r.load_alone == "same" for r in diverged))
+    lt, ot = tallies["loaded"], tallies["order"]
+    order_label = OrderConditions.from_json(t["order_summary"]["conditions"]).label()
+    for label, what, n in ((shape.load_label(), "loaded probes", lt), (order_label, "order probes", ot)):
+        said = (f"{label}: {what} {n.probes} | valid {n.valid} (same {n.same}, different {n.different}) | "
+                f"inconclusive {n.inconclusive} | errors {n.errors}")
+        assert said in run.out, (said, run.out[-4000:])
+    total = sum(tallies.values(), Tally())
+    ok = not total.different and not total.errors and total.valid >= 0.8 * total.probes
+    assert run.ret == (0 if ok else 1), (run.ret, tallies, run.out[-4000:])
+    return tallies
+
+
+def deployed_figures(run: Run, server: str, tallies: Dict[str, Tally]) -> None:
+    """``MEASURED cache under load on <server>: ...`` and ``MEASURED order on <server>: ...``: the counts, the
+    turn-2 hits under load, and every order request's cached tokens (pass A against pass B)."""
+    lt, ot = tallies["loaded"], tallies["order"]
+    hits = [[(h["cached_tokens"], h["full_reuse"]) for h in (r["checks"] or {}).get("cache_hits", [])]
+            for r in run.data["loaded"]]
+    alone = [r["load_alone"] for r in run.data["loaded"]]
+    at_answer = [[x["in_flight_at_answer"] for x in r["loads"]] for r in run.data["loaded"]]
+    why = [r["reason"][:200] for r in run.data["loaded"] if r["outcome"] == "inconclusive"]
+    print(f"\nMEASURED cache under load on {server}: {lt.different} of {lt.valid} valid loaded probes "
+          f"diverged under load ({lt.inconclusive} inconclusive, {lt.errors} errors; load alone {alone}); "
+          f"hits (cached, full) {hits}; background in flight at each answer {at_answer}; inconclusive {why}")
+    reuse = "; ".join(f"{r['id']} " + ", ".join(f"{q['step']} {q['cached_tokens']}/{q['prompt_tokens']}"
+                                                for q in r["requests"]) for r in run.data["orders"])
+    print(f"MEASURED order on {server}: {ot.different} of {ot.valid} valid order probes answered differently "
+          f"({ot.inconclusive} inconclusive, {ot.errors} errors); cached tokens: {reuse}")
+    print(f"MEASURED deployed run on {server}: quiet probes {tallies['probe']}, batch {tallies['batch']}; "
+          f"{run.seconds:.0f} s")
+
+
+def order_restored(run: Run) -> bool:
+    """Some pass B turn 1 reused more cached tokens than its pass A turn 1 (the same prompt, sent again)."""
+    return any(_cached(r, "B/turn-1") > _cached(r, "A/turn-1") for r in run.data["orders"])
