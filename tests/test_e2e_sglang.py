@@ -17,7 +17,6 @@ import pytest
 from tests.support.plugin_runs import (
     PLAIN_EPISODES,
     Run,
-    batch_args,
     batch_figures,
     check_batch_run,
     check_deployed_run,
@@ -161,32 +160,26 @@ def test_setup_checks_refuse_swapped_servers(plugin_run, sglang_servers):
 BATCH_TOKENS = 128
 
 
-def test_batch_kind_from_pytest(plugin_run, sglang_servers):
-    """The batch kind (--cachecheck-batch) on real SGLang: every batch record valid (a fresh ``cache_salt`` on
-    every request kept the radix cache out: nothing reused; the background in flight when each measured
-    request was sent, and still running when some measured answer came: batched), and the background
-    requests' ``ignore_eos`` honoured (they answer their whole ``max_tokens``, past the end token). Whether an
-    answer changes amid the background is recorded, never assumed."""
-    url = sglang_servers.url("default")
-    run = plugin_run(f"--cachecheck-url={url}", *batch_args(BATCH_TOKENS))
-    tally = check_batch_run(run, BATCH_TOKENS)
-    assert run.target["server"]["build"] == "0.5.23"
-    batch_figures(run, f"SGLang 0.5.23 (tiny Qwen2 bf16, page size 1; 3 background requests of 60 words, up "
-                       f"to {BATCH_TOKENS} tokens; answers up to 64)", tally)
-    print(f"MEASURED SGLang 0.5.23 background request: {check_no_early_stop(url, 60, BATCH_TOKENS)}")
-
-
-
-def test_cache_under_load_and_order_from_pytest(plugin_run, sglang_servers):
-    """The cache under load (--cachecheck-load-cache) and order and state (--cachecheck-order) on real
-    SGLang, on the batch test's server and background, 2 probes: every loaded record valid or inconclusive for
+def test_batch_cache_under_load_and_order_from_pytest(plugin_run, sglang_servers):
+    """The batch kind (--cachecheck-batch), the cache under load (--cachecheck-load-cache) and order and state
+    (--cachecheck-order) on real SGLang, in one run (SGLang on 2 cores is the slowest server), 2 probes.
+    The batch: every batch record valid (a fresh ``cache_salt`` on every request kept the radix cache out:
+    nothing reused; the background in flight when each measured request was sent, and still running when some
+    measured answer came: batched), and the background requests' ``ignore_eos`` honoured (they answer their
+    whole ``max_tokens``, past the end token). The cache under load: every loaded record valid or inconclusive for
     the probe rules' reasons, each turn 2 sent amid the background, the recompute path reusing nothing, the
     hits covering turn 1, ``load_alone`` the batch record's outcome; every order record valid with each
     request's cached tokens; the summaries and the exit status a recount. With no cache field the server's
     shared prefix cache is on, so pass B's turn 1 (pass A's prompt again) reuses more than pass A's did.
     Whether an answer changes is recorded, never assumed."""
-    run = plugin_run(f"--cachecheck-url={sglang_servers.url('default')}", *deployed_args(BATCH_TOKENS))
+    url = sglang_servers.url("default")
+    run = plugin_run(f"--cachecheck-url={url}", *deployed_args(BATCH_TOKENS))
     tallies = check_deployed_run(run, BATCH_TOKENS)
+    tally = check_batch_run(run, BATCH_TOKENS, alone=False)
+    assert run.target["server"]["build"] == "0.5.23"
+    batch_figures(run, f"SGLang 0.5.23 (tiny Qwen2 bf16, page size 1; 3 background requests of 60 words, up "
+                       f"to {BATCH_TOKENS} tokens; answers up to 64)", tally)
+    print(f"MEASURED SGLang 0.5.23 background request: {check_no_early_stop(url, 60, BATCH_TOKENS)}")
     deployed_figures(run, f"SGLang 0.5.23 (tiny Qwen2 bf16, page size 1; 3 background requests of 60 words, "
                           f"up to {BATCH_TOKENS} tokens; answers up to 64)", tallies)
     assert order_restored(run), run.data["orders"]
