@@ -165,6 +165,8 @@ def _order(runner: Runner, probe: Probe, target: Optional[str], state: State) ->
             done.setdefault(p.id, OrderRecord(id=p.id, source=p.source, fingerprint=p.fingerprint,
                                               reason=failed.reason, outcome=Outcome.ERROR, conditions=conditions))
     return done[probe.id]
+
+
 def _load_alone(state: State, key: str) -> str:
     """What the batch kind said of this probe in this process (it runs first, on the same server and worker):
     its answer amid the same load with the cache off was ``same`` or ``different``; ``not measured`` when it

@@ -60,11 +60,12 @@ def nodeid(kind: str, key: str) -> str:
 
 
 def item_key(item: pytest.Item) -> Optional[Tuple[str, str]]:
-    """(kind, record key) of a probe, episode, batch or loaded item; None for any other item."""
+    """(kind, record key) of an item of any kind (a probe, episode, batch, loaded or order item); None for any
+    other item."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    for kind, cls in ((PROBE, Probe), (EPISODE, Episode), (BATCH, Probe), (LOADED, Probe), (ORDER, Probe)):
-        case = params.get(PARAMS[kind])
-        if isinstance(case, cls):
+    for kind, param in PARAMS.items():
+        case = params.get(param)
+        if isinstance(case, Episode if kind == EPISODE else Probe):  # every other kind measures a probe
             return kind, record_key(case.id, params.get("cachecheck_target"))
     return None
 
@@ -72,11 +73,7 @@ def item_key(item: pytest.Item) -> Optional[Tuple[str, str]]:
 def nodeids(session: CheckSession) -> Dict[str, Tuple[str, str]]:
     """node id -> (kind, record key) of every probe and episode item the session has: what an xdist
     controller, which collects nothing itself, knows its workers' items by."""
-    return {**{nodeid(PROBE, k): (PROBE, k) for k in session.keys()},
-            **{nodeid(EPISODE, k): (EPISODE, k) for k in session.episode_keys()},
-            **{nodeid(BATCH, k): (BATCH, k) for k in session.batch_keys()},
-            **{nodeid(LOADED, k): (LOADED, k) for k in session.loaded_keys()},
-            **{nodeid(ORDER, k): (ORDER, k) for k in session.order_keys()}}
+    return {nodeid(k.name, key): (k.name, key) for k in KINDS for key in session.kind_keys(k)}
 
 
 class ProbeModule(pytest.Module):
@@ -92,13 +89,11 @@ class ProbeModule(pytest.Module):
         return False
 
 
-def collect_probe_items(session: pytest.Session, episodes: bool = False,
-                        batch: bool = False, loaded: bool = False, order: bool = False) -> List[pytest.Item]:
-    """The probe (episode, batch) items, collected from the synthetic module and reported as its
-    collection."""
+def collect_probe_items(session: pytest.Session, kinds: Sequence[str]) -> List[pytest.Item]:
+    """The items of ``kinds`` (their names, in run order: probes, episodes, batch, ...), collected from the
+    synthetic module and reported as its collection."""
     module = ProbeModule.from_parent(session, path=Path(_items.__file__), nodeid=MODULE, name=MODULE)
-    module.functions = ((PROBE,) + ((EPISODE,) if episodes else ()) + ((BATCH,) if batch else ())
-                        + ((LOADED,) if loaded else ()) + ((ORDER,) if order else ()))
+    module.functions = tuple(kinds)
     items: List[pytest.Item] = [i for i in module.collect() if isinstance(i, pytest.Item)]
     session.config.hook.pytest_collectreport(report=pytest.CollectReport(module.nodeid, "passed", None,
                                                                         list(items)))

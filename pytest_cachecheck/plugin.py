@@ -22,7 +22,7 @@ from ._api import ITEM_RECORDS, STATE, CacheCheck, State, measure_item
 from ._collect import Role
 from .episodes import Episode
 from .errors import ConfigError
-from .kinds import BATCH, LOADED, ORDER
+from .kinds import BATCH, KINDS, LOADED, ORDER
 from .model import BatchRecord, EpisodeRecord, LoadedRecord, OrderRecord, ProbeRecord, record_key
 from .probes import Probe
 from .reporter import Reporter
@@ -243,10 +243,7 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
     state = config.stash.get(STATE, None)
     if state is None:
         return
-    items.extend(_collect.collect_probe_items(session, episodes=bool(state.session.episodes),
-                                              batch=state.session.settings.batch is not None,
-                                              loaded=state.session.settings.load_cache,
-                                              order=state.session.settings.order))
+    items.extend(_collect.collect_probe_items(session, [k.name for k in KINDS if state.session.runs(k)]))
     worker = _collect.worker_id(config)
     if worker is not None and state.placement is not None:
         state.placement.write_fixture_users(worker, items)

@@ -18,7 +18,7 @@ import pytest
 from . import _collect, _items, terminal
 from ._api import PROPERTIES, State
 from .files import write_report
-from .kinds import BATCH, EPISODE, KINDS, LOADED, ORDER, PROBE
+from .kinds import KINDS
 from .model import BatchRecord, EpisodeRecord, LoadedRecord, OrderRecord, ProbeRecord, RunReport, Status, Verdict
 from .run import KindInput, RunResult, summarise
 from .session import CheckSession
@@ -73,12 +73,7 @@ class Reporter:
 
     def _summarise(self, interrupted: Any) -> RunResult:
         s = self.session
-        batch = s.settings.batch is not None  # the batch kind measures the probes again, amid other requests
-        kinds = ((PROBE, s.probe_set, s.probes), (EPISODE, s.episode_set, s.episodes),
-                 (BATCH, s.probe_set if batch else None, s.probes if batch else []),
-                 # the cache under load: the probes again, turn 2 amid the batch background
-                 (LOADED, s.probe_set if s.settings.load_cache else None, s.probes if s.settings.load_cache else []),
-                 (ORDER, s.probe_set if s.settings.order else None, s.probes if s.settings.order else []))
+        kinds = [(kind, s.item_set(kind), s.cases(kind)) for kind in KINDS]
         inputs = [KindInput(kind, item_set, [i.id for i in items or ()], got.records, got.checks, got.selected)
                   for kind, item_set, items in kinds for got in [self.kinds[kind.name]]]
         return summarise(s.settings, inputs, s.target_inputs(), s.baselines, interrupted)

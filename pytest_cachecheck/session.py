@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional
 
 from .errors import ConfigError, ModelChoiceError, RequestError, ServerSetupError
+from .kinds import BATCH, EPISODE, LOADED, ORDER, PROBE, Kind
 from .model import ProbeSet, record_key
 from .probes import Probe, ProbeFileError, builtin_probes, load_probes, probe_set_fingerprint
 from .redact import Redactor
@@ -66,24 +67,32 @@ class CheckSession:
     def runner(self, target: Optional[str] = None) -> "Runner":
         return self.runners[target]
 
+    def runs(self, kind: Kind) -> bool:
+        """Whether this session has items of ``kind``: the probes always, the episodes when some are
+        configured, each as-deployed kind when its option is on. The one place that says which kinds run."""
+        s = self.settings
+        return {PROBE.name: True, EPISODE.name: bool(self.episodes), BATCH.name: s.batch is not None,
+                LOADED.name: s.load_cache, ORDER.name: s.order}[kind.name]
+
+    def cases(self, kind: Kind) -> List[Any]:
+        """What the items of ``kind`` measure, in run order: the episodes for episodes, else the probes (the
+        as-deployed kinds measure the probes again); none when the kind does not run."""
+        return [] if not self.runs(kind) else list(self.episodes) if kind == EPISODE else list(self.probes)
+
+    def item_set(self, kind: Kind) -> Optional[ProbeSet]:
+        """The set ``kind``'s items come from: the episode set when episodes are configured, the probe set for
+        the probes and each as-deployed kind that runs; else None."""
+        if kind == EPISODE:
+            return self.episode_set
+        return self.probe_set if self.runs(kind) else None
+
+    def kind_keys(self, kind: Kind) -> List[str]:
+        """Every record key of ``kind``'s items, in run order (target by target); none when it does not run."""
+        return [record_key(c.id, t) for t in self.targets for c in self.cases(kind)]
+
     def keys(self) -> List[str]:
         """Every probe item's record key, in run order (target by target)."""
-        return [record_key(p.id, t) for t in self.targets for p in self.probes]
-
-    def episode_keys(self) -> List[str]:
-        return [record_key(e.id, t) for t in self.targets for e in self.episodes]
-
-    def batch_keys(self) -> List[str]:
-        """Every batch item's record key (one per probe and target); none when the batch kind is off."""
-        return self.keys() if self.settings.batch is not None else []
-
-    def loaded_keys(self) -> List[str]:
-        """Every loaded item's record key (one per probe and target); none when the loaded kind is off."""
-        return self.keys() if self.settings.load_cache else []
-
-    def order_keys(self) -> List[str]:
-        """Every order item's record key (one per probe and target); none when the order kind is off."""
-        return self.keys() if self.settings.order else []
+        return self.kind_keys(PROBE)
 
     @property
     def order_conditions(self) -> Optional["OrderConditions"]:
