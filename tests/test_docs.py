@@ -76,3 +76,22 @@ def test_the_release_workflow_publishes_what_it_checked_with_trusted_publishing(
     pyproject = (ROOT / "pyproject.toml").read_text()
     assert 'version = { attr = "pytest_cachecheck.__version__" }' in pyproject
     assert "import pytest_cachecheck; print(pytest_cachecheck.__version__)" in text
+
+
+def _anchors(page: Path) -> set:
+    """The heading anchors MkDocs makes for a page: lower case, punctuation dropped, spaces as hyphens."""
+    heads = re.findall(r"^#+ +(.+?) *$", page.read_text(encoding="utf-8"), re.M)
+    return {re.sub(r"[\s]+", "-", re.sub(r"[^\w\s-]", "", h.lower()).strip()) for h in heads}
+
+
+def test_every_link_to_a_section_finds_its_heading():
+    """A link ``page.md#anchor`` (or ``#anchor`` on the same page) in the docs names a heading that exists: a
+    renamed section otherwise breaks ``mkdocs build --strict`` only in the release checks, at the end of the
+    test command."""
+    broken = []
+    for page in sorted(DOCS.glob("*.md")):
+        for target, anchor in re.findall(r"\]\(([\w./-]*\.md)?#([\w-]+)\)", page.read_text(encoding="utf-8")):
+            linked = (page.parent / target) if target else page
+            if not linked.exists() or anchor not in _anchors(linked):
+                broken.append(f"{page.name}: {target}#{anchor}")
+    assert broken == []
