@@ -1310,29 +1310,31 @@ class RunReport(_Json):
     def episode_records(self) -> Optional[List[EpisodeRecord]]:
         return self.episodes if self.episode_set is not None else None
 
+    def _every(self, attr: str) -> Optional[List[Any]]:
+        """Every target's records of a kind measured under conditions (their ``attr``), in target order; None
+        when the kind was off (no target has the list)."""
+        lists = [getattr(t, attr) for t in self.targets]
+        if all(x is None for x in lists):
+            return None
+        return [r for x in lists for r in x or []]
+
     @property
     @_derived(after="targets", key="batches", omit=True)
     def batch_records(self) -> Optional[List[BatchRecord]]:
         """Every target's batch probes; None when the batch kind was off."""
-        if all(t.batches is None for t in self.targets):
-            return None
-        return [b for t in self.targets for b in t.batches or []]
+        return self._every("batches")
 
     @property
     @_derived(after="targets", key="loaded", omit=True)
     def loaded_records(self) -> Optional[List[LoadedRecord]]:
         """Every target's cache probes under load; None when the loaded kind was off."""
-        if all(t.loaded is None for t in self.targets):
-            return None
-        return [x for t in self.targets for x in t.loaded or []]
+        return self._every("loaded")
 
     @property
     @_derived(after="targets", key="orders", omit=True)
     def order_records(self) -> Optional[List[OrderRecord]]:
         """Every target's order probes; None when the order kind was off."""
-        if all(t.orders is None for t in self.targets):
-            return None
-        return [o for t in self.targets for o in t.orders or []]
+        return self._every("orders")
 
     @property
     @_derived(after="episode_checks", omit=True)
